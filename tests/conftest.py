@@ -1,0 +1,28 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE_DIR = ROOT / "data" / "mnist-sample"
+
+
+def run_module(module: str, *args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Runs `python -m module args...` from the repo root and returns the finished process (text output)."""
+    full_env = dict(os.environ)
+    full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    full_env["PYTHONPATH"] = str(ROOT)
+    full_env.pop("TF_CONFIG", None)
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def sample_data(tmp_path_factory) -> str:
+    """The shipped sample, prepared once per test session (real digits, 4,000 train / 1,000 test)."""
+    out = tmp_path_factory.mktemp("prepared") / "mnist-sample"
+    result = run_module("trainer.prepare", "--source", "sample", "--output", str(out))
+    assert result.returncode == 0, result.stderr
+    return str(out)

@@ -1,0 +1,82 @@
+import json
+
+import pytest
+
+from trainer.cluster import build_tf_config, is_chief, make_cluster, parse_tf_config, peer_addresses
+from trainer.errors import UsageError
+
+WORKERS = ["w0.ns.svc:2222", "w1.ns.svc:2222", "w2.ns.svc:2222"]
+
+
+def test_worker_list_gives_exact_tf_config():
+    assert build_tf_config(WORKERS, "worker", 1) == {
+        "cluster": {"worker": ["w0.ns.svc:2222", "w1.ns.svc:2222", "w2.ns.svc:2222"]},
+        "task": {"type": "worker", "index": 1},
+    }
+
+
+def test_cluster_with_chief_and_ps_keeps_job_order():
+    spec = make_cluster(["10.0.0.2:2222", "10.0.0.3:2222"], chief="10.0.0.1:2222", ps=["10.0.0.9:2222"])
+    assert build_tf_config(spec, "ps", 0) == {
+        "cluster": {"chief": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222", "10.0.0.3:2222"], "ps": ["10.0.0.9:2222"]},
+        "task": {"type": "ps", "index": 0},
+    }
+
+
+def test_ipv6_and_localhost_addresses_are_accepted():
+    assert build_tf_config(["[::1]:2222", "localhost:65535"], "worker", 0)["cluster"] == {"worker": ["[::1]:2222", "localhost:65535"]}
+
+
+@pytest.mark.parametrize(
+    ("cluster", "task_type", "index", "message"),
+    [
+        ([], "worker", 0, "no addresses"),
+        (["a:1", "a:1"], "worker", 0, "'a:1' appears twice"),
+        (WORKERS, "worker", 3, "task index 3 is out of range for 'worker'; allowed: 0 to 2"),
+        (WORKERS, "worker", -1, "task index -1 is out of range"),
+        (WORKERS, "chief", 0, "task type 'chief' is not in the cluster"),
+        (WORKERS, "worker", "0", "task index '0' must be an integer"),
+        (["host:0"], "worker", 0, "port '0'; allowed: an integer from 1 to 65535"),
+        (["host:65536"], "worker", 0, "port '65536'"),
+        (["host:http"], "worker", 0, "port 'http'"),
+        (["host"], "worker", 0, "'host' is not of the form host:port"),
+        (["bad_host!:22"], "worker", 0, "invalid host 'bad_host!'"),
+        ({"master": ["a:1"]}, "master", 0, "cluster job 'master' is unknown"),
+        ({"chief": ["a:1", "b:1"]}, "chief", 0, "2 chief addresses"),
+        ("a:1", "worker", 0, "not a string"),
+    ],
+)
+def test_bad_inputs_name_the_value(cluster, task_type, index, message):
+    with pytest.raises(UsageError, match=None) as err:
+        build_tf_config(cluster, task_type, index)
+    assert message in str(err.value)
+
+
+def test_chief_rule():
+    assert is_chief(build_tf_config(WORKERS, "worker", 0))
+    assert not is_chief(build_tf_config(WORKERS, "worker", 1))
+    with_chief = make_cluster(WORKERS, chief="c:2222")
+    assert is_chief(build_tf_config(with_chief, "chief", 0))
+    assert not is_chief(build_tf_config(with_chief, "worker", 0))
+    assert is_chief(None)
+
+
+def test_parse_round_trip_and_peers():
+    tf_config = build_tf_config(WORKERS, "worker", 2)
+    assert parse_tf_config(json.dumps(tf_config)) == tf_config
+    assert peer_addresses(tf_config) == ["w0.ns.svc:2222", "w1.ns.svc:2222"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{not json", "TF_CONFIG is not valid JSON"),
+        ('{"cluster": {"worker": ["a:1"]}}', "needs 'cluster' and 'task'"),
+        ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker"}}', "needs 'type' and 'index'"),
+        ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 1}}', "task index 1 is out of range"),
+    ],
+)
+def test_malformed_tf_config(text, message):
+    with pytest.raises(UsageError) as err:
+        parse_tf_config(text)
+    assert message in str(err.value)

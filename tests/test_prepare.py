@@ -1,0 +1,165 @@
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+
+from tests.conftest import run_module
+from trainer.errors import UsageError
+from trainer.idx import write_gz
+from trainer.prepare import PrepareConfig, parse_source, run, sample_dir
+from trainer.records import load_metadata, read_arrays, verify_split
+
+FASHION = "/usr/share/datasets/fashion-mnist"
+
+
+def test_sample_is_balanced_real_digits(sample_data):
+    meta = load_metadata(sample_data)
+    assert meta["splits"]["train"]["num_examples"] == 4000
+    assert meta["splits"]["test"]["num_examples"] == 1000
+    assert meta["image_shape"] == [28, 28, 1] and meta["num_classes"] == 10
+    assert meta["class_names"] == [str(d) for d in range(10)]
+    assert [s["num_examples"] for s in meta["splits"]["train"]["shards"]] == [1000] * 4
+    images, labels, _ = read_arrays(sample_data, "train")
+    assert np.bincount(labels).tolist() == [400] * 10
+    assert images.dtype == np.uint8 and images.shape == (4000, 28, 28, 1)
+    assert 0.1 < (images > 0).mean() < 0.3  # handwritten strokes on a black background, not noise
+
+
+def _tiny_idx(directory, n_train=20, n_test=10):
+    rng = np.random.default_rng(1)
+    directory.mkdir(parents=True, exist_ok=True)
+    write_gz(str(directory / "train-images-idx3-ubyte.gz"), rng.integers(0, 256, (n_train, 6, 5), dtype=np.uint8))
+    write_gz(str(directory / "train-labels-idx1-ubyte.gz"), (np.arange(n_train) % 3).astype(np.uint8))
+    write_gz(str(directory / "t10k-images-idx3-ubyte.gz"), rng.integers(0, 256, (n_test, 6, 5), dtype=np.uint8))
+    write_gz(str(directory / "t10k-labels-idx1-ubyte.gz"), (np.arange(n_test) % 3).astype(np.uint8))
+    return directory
+
+
+def test_idx_source_with_slicing_and_class_names(tmp_path):
+    src = _tiny_idx(tmp_path / "idx")
+    meta = run(PrepareConfig(source=f"idx:{src}", output=str(tmp_path / "out"), num_shards=3, max_train=11, class_names=("a", "b", "c")))
+    assert meta["splits"]["train"]["num_examples"] == 11
+    assert [s["num_examples"] for s in meta["splits"]["train"]["shards"]] == [4, 4, 3]
+    assert meta["splits"]["test"]["num_examples"] == 10
+    assert meta["image_shape"] == [6, 5, 1] and meta["class_names"] == ["a", "b", "c"]
+    images, labels, _ = read_arrays(str(tmp_path / "out"), "train")
+    assert sorted(labels.tolist()) == sorted((np.arange(11) % 3).tolist())
+    assert sorted(os.listdir(tmp_path)) == ["idx", "out"]
+
+
+def test_failed_prepare_leaves_nothing(tmp_path):
+    src = _tiny_idx(tmp_path / "idx")
+    bad = src / "t10k-images-idx3-ubyte.gz"
+    bad.write_bytes(bad.read_bytes()[:30])
+    with pytest.raises(UsageError, match="t10k-images-idx3-ubyte.gz"):
+        run(PrepareConfig(source=f"idx:{src}", output=str(tmp_path / "out")))
+    assert sorted(os.listdir(tmp_path)) == ["idx"]
+
+
+def test_failed_prepare_keeps_the_previous_output(tmp_path):
+    src = _tiny_idx(tmp_path / "idx")
+    run(PrepareConfig(source=f"idx:{src}", output=str(tmp_path / "out")))
+    before = (tmp_path / "out" / "metadata.json").read_text()
+    (src / "train-labels-idx1-ubyte.gz").unlink()
+    with pytest.raises(UsageError, match="has no train-labels-idx1-ubyte.gz"):
+        run(PrepareConfig(source=f"idx:{src}", output=str(tmp_path / "out")))
+    assert (tmp_path / "out" / "metadata.json").read_text() == before
+    assert sorted(os.listdir(tmp_path)) == ["idx", "out"]
+
+
+def test_corrupted_shard_is_detected(tmp_path):
+    out = tmp_path / "out"
+    run(PrepareConfig(source=f"idx:{_tiny_idx(tmp_path / 'idx')}", output=str(out), num_shards=2))
+    meta = load_metadata(str(out))
+    shard = out / meta["splits"]["train"]["shards"][1]["file"]
+    data = bytearray(shard.read_bytes())
+    data[40] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(UsageError, match=r"train-00001-of-00002.tfrecord' is corrupted"):
+        verify_split(str(out), meta, "train")
+
+
+def test_missing_metadata_is_named(tmp_path):
+    with pytest.raises(UsageError, match="has no metadata.json; prepare it"):
+        load_metadata(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [("sample", ("idx", sample_dir())), ("idx:/x/y", ("idx", "/x/y")), ("idx:gs://b/mnist", ("idx", "gs://b/mnist")),
+     ("mnist", ("tfds", "mnist")), ("tfds:fashion_mnist", ("tfds", "fashion_mnist")), ("tfds:mnist:3.0.1", ("tfds", "mnist:3.0.1"))],
+)
+def test_source_forms(source, expected):
+    assert parse_source(source) == expected
+
+
+@pytest.mark.parametrize("source", ["", "idx:", "Not A Name", "http://example/x"])
+def test_bad_source_is_refused(source):
+    with pytest.raises(UsageError, match="is not recognised; allowed: 'sample', 'idx:DIR_OR_URI'"):
+        parse_source(source)
+
+
+def test_tfds_offline_fails_fast_with_what_to_pass_instead(tmp_path):
+    start = time.monotonic()
+    result = run_module("trainer.prepare", "--source", "tfds:mnist", "--tfds-data-dir", str(tmp_path / "tfds"),
+                        "--output", str(tmp_path / "out"), "--network-timeout", "3")
+    elapsed = time.monotonic() - start
+    assert result.returncode == 2
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: TFDS dataset 'mnist' is not prepared")
+    assert "--source sample" in last and "--source idx:DIR" in last
+    assert elapsed < 45, f"took {elapsed:.0f}s"
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_tfds_name(tmp_path):
+    result = run_module("trainer.prepare", "--source", "tfds:no_such_dataset_xyz", "--output", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert "TFDS dataset 'no_such_dataset_xyz' does not exist" in result.stderr.strip().splitlines()[-1]
+
+
+def test_tfds_source_reads_a_prepared_tfds_dataset(tmp_path):
+    """A real TFDS builder, prepared into a data_dir from the shipped digits, read through the tfds source."""
+    import tensorflow_datasets as tfds
+
+    from trainer.idx import read_split
+
+    class ShippedDigits(tfds.core.GeneratorBasedBuilder):
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
+                {"image": tfds.features.Image(shape=(28, 28, 1)), "label": tfds.features.ClassLabel(names=[f"digit{i}" for i in range(10)])}))
+
+        def _split_generators(self, dl_manager):
+            return {"train": self._generate_examples("train"), "test": self._generate_examples("test")}
+
+        def _generate_examples(self, split):
+            images, labels = read_split(sample_dir(), split)
+            for i in range(50):
+                yield i, {"image": images[i][..., None], "label": int(labels[i])}
+
+    data_dir = str(tmp_path / "tfds")
+    ShippedDigits(data_dir=data_dir).download_and_prepare()
+    meta = run(PrepareConfig(source="tfds:shipped_digits", tfds_data_dir=data_dir, output=str(tmp_path / "out"), max_train=30))
+    assert meta["splits"]["train"]["num_examples"] == 30 and meta["splits"]["test"]["num_examples"] == 50
+    assert meta["class_names"][3] == "digit3" and meta["image_shape"] == [28, 28, 1]
+    images, labels, _ = read_arrays(str(tmp_path / "out"), "test")
+    expected, expected_labels = read_split(sample_dir(), "test")
+    np.testing.assert_array_equal(np.sort(labels), np.sort(expected_labels[:50].astype(np.int64)))
+    assert images.astype(np.int64).sum() == expected[:50].astype(np.int64).sum()
+
+
+def test_debian_fashion_mnist_idx_files_read_unchanged(tmp_path):
+    assert os.path.isdir(FASHION), "make test installs Debian's dataset-fashion-mnist"
+    result = run_module("trainer.prepare", "--source", f"idx:{FASHION}", "--output", str(tmp_path / "fashion"),
+                        "--max-train", "3000", "--max-test", "500", "--class-names",
+                        "T-shirt/top,Trouser,Pullover,Dress,Coat,Sandal,Shirt,Sneaker,Bag,Ankle boot")
+    assert result.returncode == 0, result.stderr
+    meta = json.loads((tmp_path / "fashion" / "metadata.json").read_text())
+    assert meta["splits"]["train"]["num_examples"] == 3000 and meta["splits"]["test"]["num_examples"] == 500
+    assert meta["class_names"][9] == "Ankle boot" and meta["image_shape"] == [28, 28, 1]
+    _, labels, _ = read_arrays(str(tmp_path / "fashion"), "train")
+    assert set(labels.tolist()) == set(range(10))

@@ -1,0 +1,178 @@
+"""Local launcher: N training workers on loopback, like torchrun for TensorFlow.
+
+    trainer-launch --workers 2 -- --data /tmp/mnist --model-dir /tmp/model --epochs 5
+
+Picks N free loopback ports, builds one TF_CONFIG per worker with `trainer.cluster.build_tf_config`, starts the
+workers, prefixes every log line with the worker's index, and if any worker fails stops the others (SIGTERM, then
+SIGKILL after a grace period: a worker stuck joining the cluster ignores SIGTERM) and exits with that worker's code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import IO
+
+from trainer.cli import setup_logging
+from trainer.cluster import build_tf_config
+from trainer.errors import EXIT_BAD_INPUT, UsageError
+
+log = logging.getLogger(__name__)
+
+MAX_LOCAL_WORKERS = 16
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct TCP ports that were free on `host` a moment ago."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def local_cluster(workers: int) -> list[str]:
+    if not 1 <= workers <= MAX_LOCAL_WORKERS:
+        raise UsageError(f"workers {workers} is not allowed; allowed: 1 to {MAX_LOCAL_WORKERS}")
+    return [f"localhost:{port}" for port in free_ports(workers)]
+
+
+def _pump(index: int, stream: IO[bytes], last_error: dict[int, str]) -> None:
+    for raw in iter(stream.readline, b""):
+        line = raw.decode(errors="replace").rstrip("\n")
+        if line.startswith("error:") or "Error" in line.split(":")[0]:
+            last_error[index] = line
+        sys.stdout.write(f"[worker {index}] {line}\n")
+        sys.stdout.flush()
+
+
+class WorkerGroup:
+    """Starts and supervises one process per worker."""
+
+    def __init__(self, command: Sequence[str], addresses: Sequence[str], grace: float, env: dict[str, str] | None = None) -> None:
+        self.command = list(command)
+        self.addresses = list(addresses)
+        self.grace = grace
+        self.env = dict(os.environ if env is None else env)
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.last_error: dict[int, str] = {}
+        self._pumps: list[threading.Thread] = []
+
+    def start(self) -> None:
+        threads = max(1, (os.cpu_count() or 1) // len(self.addresses))
+        for index in range(len(self.addresses)):
+            env = dict(self.env)
+            env["TF_CONFIG"] = __import__("json").dumps(build_tf_config(self.addresses, "worker", index))
+            env.setdefault("TF_NUM_INTRAOP_THREADS", str(threads))
+            env.setdefault("TF_NUM_INTEROP_THREADS", "2")
+            env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+            env["PYTHONUNBUFFERED"] = "1"
+            proc = subprocess.Popen(self.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+            self.procs.append(proc)
+            pump = threading.Thread(target=_pump, args=(index, proc.stdout, self.last_error), daemon=True)
+            pump.start()
+            self._pumps.append(pump)
+
+    def wait(self) -> tuple[int, int | None]:
+        """Waits until all exit 0 or one fails; returns (exit code, failed worker index or None)."""
+        while True:
+            codes = [p.poll() for p in self.procs]
+            failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                index, code = failed[0]
+                self.stop()
+                return _shell_code(code), index
+            if all(c == 0 for c in codes):
+                self._drain()
+                return 0, None
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        """SIGTERM every live worker, SIGKILL those still there after the grace period."""
+        live = [p for p in self.procs if p.poll() is None]
+        for p in live:
+            _signal_group(p, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace
+        for p in live:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(p, signal.SIGKILL)
+                p.wait()
+        self._drain()
+
+    def _drain(self) -> None:
+        for pump in self._pumps:
+            pump.join(timeout=5)
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _shell_code(code: int) -> int:
+    """Exit status as a shell reports it: a process killed by signal N is 128 + N."""
+    return 128 - code if code < 0 else code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="trainer-launch", description="Run N trainer workers on this machine with a generated TF_CONFIG each.",
+                                usage="trainer-launch --workers N [--grace S] -- TRAINING_ARGS...")
+    p.add_argument("--workers", type=int, required=True, help=f"number of worker processes (1 to {MAX_LOCAL_WORKERS})")
+    p.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL when stopping workers")
+    p.add_argument("--module", default="trainer.train", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own, rest = (argv[: argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    args = build_parser().parse_args(own)
+    setup_logging("launch ")
+    try:
+        addresses = local_cluster(args.workers)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    group = WorkerGroup([sys.executable, "-m", args.module, *rest], addresses, args.grace)
+    log.info("starting %d workers on %s", args.workers, ", ".join(addresses))
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def interrupted(signum: int, frame: object) -> None:
+        group.stop()
+        sys.exit(128 + signum)
+
+    for s in previous:
+        signal.signal(s, interrupted)
+    try:
+        group.start()
+        code, index = group.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if index is not None:
+        detail = group.last_error.get(index, "no error line")
+        print(f"error: worker {index} failed with exit code {code}: {detail}", file=sys.stderr)
+        return code
+    log.info("all %d workers finished", args.workers)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
