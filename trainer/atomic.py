@@ -80,14 +80,12 @@ def remove_tree(path: str) -> None:
             gfile.rmtree(path)
 
 
-def write_json(path: str, data: Any) -> None:
-    """Writes JSON to `path` through a temporary file and a rename."""
-    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+def write_text(path: str, text: str) -> None:
+    """Writes `text` to `path` through a temporary sibling and a rename."""
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
     if is_local(path):
         check_writable_parent(path)
-        parent = os.path.dirname(os.path.abspath(path))
-        os.makedirs(parent, exist_ok=True)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(tmp, "w") as f:
             f.write(text)
         os.replace(tmp, path)
@@ -96,6 +94,11 @@ def write_json(path: str, data: Any) -> None:
         with gfile.GFile(tmp, "w") as f:
             f.write(text)
         gfile.rename(tmp, path, overwrite=True)
+
+
+def write_json(path: str, data: Any) -> None:
+    """Writes JSON to `path` atomically."""
+    write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def read_json(path: str) -> Any:

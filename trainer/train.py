@@ -233,7 +233,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--collective-timeout", type=float, default=60.0, help="seconds before a collective op with a silent peer fails (default 60)")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: TensorFlow decides)")
     p.add_argument("--tf-config", default=None, help="TF_CONFIG JSON (default: the TF_CONFIG environment variable)")
+    p.add_argument("--cluster-spec", default=None, help='instead of --tf-config: cluster JSON such as {"worker": ["h0:2222", "h1:2222"]}')
+    p.add_argument("--worker-index", type=int, default=None, help="with --cluster-spec: this worker's index")
     return p
+
+
+def tf_config_from_args(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The TF_CONFIG these arguments (or, failing them, the environment) describe, checked; None for one process."""
+    if args.cluster_spec is not None:
+        if args.worker_index is None:
+            raise UsageError("--cluster-spec needs --worker-index")
+        try:
+            spec = json.loads(args.cluster_spec)
+        except json.JSONDecodeError as err:
+            raise UsageError(f"cluster spec is not valid JSON ({err.msg}): {args.cluster_spec[:80]!r}") from None
+        return cluster_lib.build_tf_config(spec, "worker", args.worker_index)
+    text = args.tf_config if args.tf_config is not None else os.environ.get("TF_CONFIG", "")
+    return cluster_lib.parse_tf_config(text) if text.strip() else None
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -248,9 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> None:
         args = build_parser().parse_args(argv)
         config = config_from_args(args)
-        text = args.tf_config if args.tf_config is not None else os.environ.get("TF_CONFIG", "")
-        if text.strip():
-            os.environ["TF_CONFIG"] = json.dumps(cluster_lib.parse_tf_config(text))
+        tf_config = tf_config_from_args(args)
+        if tf_config:
+            os.environ["TF_CONFIG"] = json.dumps(tf_config)
         else:
             os.environ.pop("TF_CONFIG", None)
         run(config)

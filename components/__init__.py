@@ -1,0 +1,25 @@
+"""KFP v2 components, each a thin wrapper around one part of `trainer/`.
+
+The plain functions live in one module each; `build(image)` turns them into components that all run in the
+project's one image, with no pip install at pod start (kfp and the trainer are already in the image).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from kfp import dsl
+
+from components.create_cluster import create_cluster
+from components.evaluate import evaluate
+from components.prepare_data import prepare_data
+from components.train_worker import train_worker
+
+FUNCTIONS = (prepare_data, create_cluster, train_worker, evaluate)
+
+
+def build(image: str) -> SimpleNamespace:
+    """Returns the components, each set to run in `image`."""
+    return SimpleNamespace(**{
+        f.__name__: dsl.component(f, base_image=image, install_kfp_package=False) for f in FUNCTIONS
+    })

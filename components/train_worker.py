@@ -1,0 +1,58 @@
+"""The `train_worker` step: one MultiWorkerMirroredStrategy worker; the chief's Model artifact holds the model."""
+
+from kfp.dsl import Artifact, Dataset, Input, Model, Output
+
+
+def train_worker(
+    dataset: Input[Dataset],
+    cluster: Input[Artifact],
+    worker_index: int,
+    model: Output[Model],
+    epochs: int = 12,
+    batch_size: int = 64,
+    learning_rate: float = 0.001,
+    startup_timeout: float = 600.0,
+    collective_timeout: float = 120.0,
+    checkpoint_dir: str = "",
+):
+    """Trains as one worker of the run's cluster; worker 0 (the chief) writes the model.
+
+    Args:
+        dataset: the prepared dataset from prepare_data.
+        cluster: the run's cluster.json from create_cluster; TF_CONFIG is built from it and worker_index.
+        worker_index: this worker's index in the cluster (0 is the chief).
+        model: on the chief, saved_model/ (serving signature on raw uint8 images), model.keras and history.json;
+            on the other workers, only worker.json saying which worker this was.
+        epochs: passes over the training data.
+        batch_size: examples per worker per step; the global batch is this times the number of workers.
+        learning_rate: Adam learning rate for one worker, scaled by sqrt(workers).
+        startup_timeout: seconds to wait for every peer to join before failing with the missing peers' names.
+        collective_timeout: seconds before a collective op with a silent peer fails.
+        checkpoint_dir: BackupAndRestore directory shared by all workers so a retried worker resumes; empty uses a
+            directory beside the model artifact.
+    """
+    import json
+    import os
+    import sys
+
+    from trainer import train
+
+    with open(os.path.join(cluster.path, "cluster.json")) as f:
+        cluster_spec = f.read()
+    args = [
+        "--data", dataset.path, "--model-dir", model.path, "--cluster-spec", cluster_spec,
+        "--worker-index", str(worker_index), "--epochs", str(epochs), "--batch-size", str(batch_size),
+        "--learning-rate", str(learning_rate), "--startup-timeout", str(startup_timeout),
+        "--collective-timeout", str(collective_timeout),
+    ]
+    if checkpoint_dir:
+        args += ["--checkpoint-dir", checkpoint_dir]
+    code = train.main(args)
+    if code:
+        sys.exit(code)
+    chief = os.path.isdir(os.path.join(model.path, "saved_model"))
+    if not chief:
+        os.makedirs(model.path, exist_ok=True)
+        with open(os.path.join(model.path, "worker.json"), "w") as f:
+            json.dump({"worker_index": worker_index, "chief": False}, f)
+    model.metadata.update({"worker_index": worker_index, "chief": chief, "framework": "tensorflow"})

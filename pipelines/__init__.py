@@ -1,0 +1,1 @@
+"""Pipeline definitions and their command line."""

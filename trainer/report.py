@@ -1,0 +1,71 @@
+"""A self-contained HTML report of a training run: curves from the history, per-class results, confusion matrix."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from typing import Any
+
+from trainer.atomic import write_text
+
+
+def plot_curves(history: dict[str, Any]) -> bytes:
+    """PNG bytes of loss and accuracy per epoch."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = [e["epoch"] for e in history["epochs"]]
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(9, 3.2), dpi=100)
+    ax_loss.plot(epochs, [e["loss"] for e in history["epochs"]], marker="o")
+    ax_loss.set(title="training loss", xlabel="epoch")
+    ax_acc.plot(epochs, [e["accuracy"] for e in history["epochs"]], marker="o", color="tab:green")
+    ax_acc.set(title="training accuracy", xlabel="epoch")
+    for ax in (ax_loss, ax_acc):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def render_html(metrics: dict[str, Any], history: dict[str, Any]) -> str:
+    png = base64.b64encode(plot_curves(history)).decode()
+    esc = html.escape
+    rows = "".join(
+        f"<tr><td>{esc(c['name'])}</td><td>{c['precision']:.4f}</td><td>{c['recall']:.4f}</td><td>{c['f1']:.4f}</td><td>{c['support']}</td></tr>"
+        for c in metrics["per_class"]
+    )
+    names = metrics["class_names"]
+    head = "".join(f"<th>{esc(n)}</th>" for n in names)
+    matrix = "".join(
+        f"<tr><th>{esc(names[i])}</th>" + "".join(f"<td>{v}</td>" for v in row) + "</tr>"
+        for i, row in enumerate(metrics["confusion_matrix"])
+    )
+    last = history["epochs"][-1] if history["epochs"] else {}
+    speed = sum(e["examples_per_second"] for e in history["epochs"][1:]) / max(1, len(history["epochs"]) - 1)
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>Training report</title>
+<style>body{{font-family:sans-serif;margin:1.5em}}table{{border-collapse:collapse;margin:0.5em 0 1.5em}}
+td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}</style></head><body>
+<h1>Training report</h1>
+<p>Dataset <code>{esc(str(metrics.get('dataset')))}</code>, {metrics['num_examples']} held-out examples.
+<b>Test accuracy {metrics['accuracy']:.4f}</b>, loss {metrics['loss']:.4f}.</p>
+<p>{history['workers']} worker(s), global batch {history['global_batch_size']}, {len(history['epochs'])} epochs of
+{history['steps_per_epoch']} steps; final training accuracy {last.get('accuracy', float('nan')):.4f};
+{speed:.0f} examples/s after the first epoch.</p>
+<img alt="training curves" src="data:image/png;base64,{png}">
+<h2>Per class</h2>
+<table><tr><th>class</th><th>precision</th><th>recall</th><th>F1</th><th>support</th></tr>{rows}</table>
+<h2>Confusion matrix (rows: true class, columns: predicted)</h2>
+<table><tr><th></th>{head}</tr>{matrix}</table>
+</body></html>
+"""
+
+
+def write_html(path: str, metrics: dict[str, Any], history: dict[str, Any]) -> None:
+    """Writes the report atomically."""
+    write_text(path, render_html(metrics, history))
