@@ -1,7 +1,5 @@
 """The `create_cluster` step: the run's worker addresses and the list of indices the workers fan out over."""
 
-from typing import List
-
 from kfp.dsl import Artifact, Output
 
 
@@ -10,7 +8,7 @@ def create_cluster(
     cluster: Output[Artifact],
     cluster_mode: str = "kubernetes",
     port: int = 2222,
-) -> List[int]:
+) -> list[int]:
     """Generates the cluster spec that every training worker turns into its TF_CONFIG.
 
     Args:

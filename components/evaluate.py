@@ -1,13 +1,11 @@
 """The `evaluate` step: the chief's SavedModel on the held-out split -> metrics the Kubeflow UI draws + a report."""
 
-from typing import List
-
 from kfp.dsl import HTML, ClassificationMetrics, Dataset, Input, Metrics, Model, Output
 
 
 def evaluate(
     dataset: Input[Dataset],
-    models: Input[List[Model]],
+    models: Input[list[Model]],
     metrics: Output[Metrics],
     classification_metrics: Output[ClassificationMetrics],
     report: Output[HTML],
