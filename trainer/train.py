@@ -204,9 +204,9 @@ def run(config: TrainConfig, datasets: Any = None, strategy: Any = None) -> dict
         "class_names": meta["class_names"],
         "image_shape": list(image_shape),
     }
+    if not config.checkpoint_dir and os.path.isdir(backup_dir) and not os.listdir(backup_dir):
+        os.rmdir(backup_dir)
     if chief:
-        if not config.checkpoint_dir and os.path.isdir(backup_dir) and not os.listdir(backup_dir):
-            os.rmdir(backup_dir)
         with atomic_directory(config.model_dir) as tmp:
             _save(model, image_shape, tmp, history)
         log.info("chief wrote the model to %s", config.model_dir)

@@ -1,0 +1,167 @@
+"""The compiled pipeline (parsed YAML) and a whole local run through kfp.local."""
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+
+IMAGE = "registry.example/team/kfp-tf-multiworker:9.9.9"
+COMPONENTS = {"comp-prepare-data", "comp-create-cluster", "comp-train-worker", "comp-evaluate"}
+
+
+def _script(*args, timeout=600):
+    return subprocess.run([sys.executable, "pipelines/mnist.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    path = tmp_path_factory.mktemp("compiled") / "pipeline.yaml"
+    result = _script("--compile", "--output", str(path), "--image", IMAGE)
+    assert result.returncode == 0, result.stderr
+    return path
+
+
+@pytest.fixture(scope="module")
+def spec(compiled):
+    return yaml.safe_load(compiled.read_text())
+
+
+def test_yaml_loads_back_with_kfp(compiled):
+    from kfp import components
+
+    loaded = components.load_component_from_file(str(compiled))
+    assert loaded.name == "mnist-multiworker"
+    assert set(loaded.component_spec.inputs) >= {"num_workers", "epochs", "source"}
+
+
+def test_four_components_all_in_the_given_image_without_pip_install(spec):
+    assert set(spec["components"]) >= COMPONENTS
+    executors = spec["deploymentSpec"]["executors"]
+    assert len(executors) == 4
+    for executor in executors.values():
+        container = executor["container"]
+        assert container["image"] == IMAGE
+        command = " ".join(container.get("command", []) + container.get("args", []))
+        assert "pip install" not in command and "kfp==" not in command
+        assert "kfp.dsl.executor_main" in command
+
+
+def test_default_image_matches_the_package_version(tmp_path):
+    from trainer import __version__
+
+    result = _script("--compile", "--output", str(tmp_path / "p.yaml"))
+    assert result.returncode == 0, result.stderr
+    images = {e["container"]["image"] for e in yaml.safe_load((tmp_path / "p.yaml").read_text())["deploymentSpec"]["executors"].values()}
+    assert images == {f"kfp-tf-multiworker:{__version__}"}
+
+
+def test_parallel_for_over_the_cluster_driven_by_num_workers(spec):
+    root_tasks = spec["root"]["dag"]["tasks"]
+    loops = [t for t in root_tasks.values() if "parameterIterator" in t]
+    assert len(loops) == 1
+    loop = loops[0]
+    assert loop["parameterIterator"]["items"]["inputParameter"] == "pipelinechannel--create-cluster-Output"
+    assert "iteratorPolicy" not in loop, "every worker must run at once: no parallelism limit"
+    loop_component = spec["components"][loop["componentRef"]["name"]]
+    inner = loop_component["dag"]["tasks"]["train-worker"]
+    assert inner["componentRef"]["name"] == "comp-train-worker"
+    assert inner["inputs"]["parameters"]["worker_index"]["componentInputParameter"].endswith("loop-item")
+    cluster_task = root_tasks["create-cluster"]
+    assert cluster_task["inputs"]["parameters"]["num_workers"] == {"componentInputParameter": "num_workers"}
+    evaluate = root_tasks["evaluate"]
+    assert evaluate["inputs"]["artifacts"]["models"]["taskOutputArtifact"]["producerTask"] == loop["taskInfo"]["name"]
+
+
+def test_parameters_and_defaults(spec):
+    params = spec["root"]["inputDefinitions"]["parameters"]
+    defaults = {name: p.get("defaultValue") for name, p in params.items()}
+    assert defaults["source"] == "tfds:mnist"
+    assert defaults["num_workers"] == 2 and params["num_workers"]["parameterType"] == "NUMBER_INTEGER"
+    assert defaults["epochs"] == 12 and defaults["batch_size"] == 64
+    assert defaults["learning_rate"] == 0.001 and params["learning_rate"]["parameterType"] == "NUMBER_DOUBLE"
+    assert defaults["cluster_mode"] == "kubernetes"
+
+
+def test_caching_decided_at_compile_time(spec, tmp_path):
+    tasks = spec["root"]["dag"]["tasks"]
+    assert tasks["prepare-data"]["cachingOptions"] == {"enableCache": True}
+    assert not tasks["evaluate"]["cachingOptions"].get("enableCache")
+    assert not tasks["create-cluster"]["cachingOptions"].get("enableCache")
+    loop = next(t for t in tasks.values() if "parameterIterator" in t)
+    worker = spec["components"][loop["componentRef"]["name"]]["dag"]["tasks"]["train-worker"]
+    assert not worker["cachingOptions"].get("enableCache")
+    assert _script("--compile", "--cache-training", "--output", str(tmp_path / "c.yaml")).returncode == 0
+    cached = yaml.safe_load((tmp_path / "c.yaml").read_text())["root"]["dag"]["tasks"]
+    assert cached["evaluate"]["cachingOptions"] == {"enableCache": True}
+
+
+def test_evaluate_outputs_are_types_the_ui_renders(spec):
+    outputs = spec["components"]["comp-evaluate"]["outputDefinitions"]["artifacts"]
+    assert outputs["metrics"]["artifactType"]["schemaTitle"] == "system.Metrics"
+    assert outputs["classification_metrics"]["artifactType"]["schemaTitle"] == "system.ClassificationMetrics"
+    assert outputs["report"]["artifactType"]["schemaTitle"] == "system.HTML"
+
+
+def test_docstrings_become_descriptions(spec):
+    inputs = spec["components"]["comp-train-worker"]["inputDefinitions"]
+    assert "index in the cluster" in inputs["parameters"]["worker_index"]["description"]
+
+
+def test_kfp_cli_compiles_the_file_too(tmp_path):
+    kfp_cli = Path(sys.executable).parent / "kfp"
+    result = subprocess.run([str(kfp_cli), "dsl", "compile", "--py", "pipelines/mnist.py", "--output", str(tmp_path / "k.yaml")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert yaml.safe_load((tmp_path / "k.yaml").read_text())["pipelineInfo"]["name"] == "mnist-multiworker"
+
+
+def test_compile_refuses_a_non_yaml_output(tmp_path):
+    result = _script("--compile", "--output", str(tmp_path / "p.json"))
+    assert result.returncode == 2
+    assert "must end with .yaml or .yml" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_local_run_with_three_workers_is_refused_at_once(tmp_path):
+    start = time.monotonic()
+    result = _script("--local", "--num-workers", "3", "--output-dir", str(tmp_path / "run"), timeout=60)
+    assert result.returncode == 2
+    assert "--num-workers 3 is not allowed with --local; allowed: 1 to 2" in result.stderr
+    assert "at most 2 ParallelFor iterations at once" in result.stderr
+    assert time.monotonic() - start < 30
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_local_pipeline_end_to_end(tmp_path):
+    result = _script("--local", "--num-workers", "2", "--output-dir", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    accuracy = float(re.search(r"^test accuracy: ([0-9.]+)$", result.stdout, re.M).group(1))
+    assert accuracy == summary["accuracy"] >= 0.96
+    run_dir = Path(summary["run"])
+    assert sorted(p.name for p in run_dir.iterdir()) == ["create-cluster", "evaluate", "for-loop-1-iteration-0",
+                                                         "for-loop-1-iteration-1", "prepare-data"]
+    model = Path(summary["model"])
+    assert (model / "saved_model" / "saved_model.pb").is_file()
+    history = json.loads((model / "history.json").read_text())
+    assert history["workers"] == 2, "both workers trained together in one MultiWorkerMirroredStrategy cluster"
+    other = run_dir / "for-loop-1-iteration-1" / "train-worker" / "model"
+    assert sorted(p.name for p in other.iterdir()) == ["worker.json"]
+
+    out = json.loads((run_dir / "evaluate" / "executor_output.json").read_text())
+    assert out["parameterValues"]["Output"] == accuracy
+    assert out["artifacts"]["metrics"]["artifacts"][0]["metadata"]["accuracy"] == accuracy
+    matrix = out["artifacts"]["classification_metrics"]["artifacts"][0]["metadata"]["confusionMatrix"]
+    assert [a["displayName"] for a in matrix["annotationSpecs"]] == [str(d) for d in range(10)]
+    assert sum(sum(r["row"]) for r in matrix["rows"]) == 1000
+    report = Path(summary["report"]).read_text()
+    assert report.startswith("<!doctype html>") and "data:image/png;base64," in report
+    assert f"Test accuracy {accuracy:.4f}" in report
