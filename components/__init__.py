@@ -11,11 +11,12 @@ from types import SimpleNamespace
 from kfp import dsl
 
 from components.create_cluster import create_cluster
+from components.delete_cluster import delete_cluster
 from components.evaluate import evaluate
 from components.prepare_data import prepare_data
 from components.train_worker import train_worker
 
-FUNCTIONS = (prepare_data, create_cluster, train_worker, evaluate)
+FUNCTIONS = (prepare_data, create_cluster, train_worker, evaluate, delete_cluster)
 
 
 def build(image: str) -> SimpleNamespace:

@@ -6,6 +6,7 @@ from kfp.dsl import Artifact, Output
 def create_cluster(
     num_workers: int,
     cluster: Output[Artifact],
+    run_id: str = "",
     cluster_mode: str = "kubernetes",
     port: int = 2222,
 ) -> list[int]:
@@ -14,8 +15,9 @@ def create_cluster(
     Args:
         num_workers: how many training workers to run (each becomes one ParallelFor iteration).
         cluster: cluster.json, such as {"worker": ["host0:2222", "host1:2222"]}; its metadata lists the addresses.
-        cluster_mode: 'local' picks free loopback ports (kfp.local runs); 'kubernetes' names one headless Service
-            per worker, stable for the run.
+        run_id: the pipeline run's id; Service names are derived from it.
+        cluster_mode: 'kubernetes' creates one headless Service per worker in this pod's namespace (names stable
+            for the run); 'local' picks free loopback ports (kfp.local runs).
         port: the TF gRPC port each worker listens on in kubernetes mode.
 
     Returns:
@@ -25,17 +27,24 @@ def create_cluster(
     import os
     import sys
 
-    from trainer.errors import UsageError
+    from trainer import k8s
+    from trainer.cli import setup_logging
+    from trainer.errors import KubernetesError, UsageError
     from trainer.launch import local_cluster
 
+    setup_logging()
     try:
         if cluster_mode == "local":
             addresses = local_cluster(num_workers)
+        elif cluster_mode == "kubernetes":
+            namespace = os.environ.get("POD_NAMESPACE", "")
+            k8s.check_workers(num_workers)
+            addresses = k8s.create_services(k8s.core_api(), namespace, run_id, num_workers, port)
         else:
-            raise UsageError(f"cluster_mode {cluster_mode!r} is not allowed; allowed: local")
-    except UsageError as err:
+            raise UsageError(f"cluster_mode {cluster_mode!r} is not allowed; allowed: kubernetes, local")
+    except (UsageError, KubernetesError) as err:
         print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(2 if isinstance(err, UsageError) else 1)
     os.makedirs(cluster.path, exist_ok=True)
     with open(os.path.join(cluster.path, "cluster.json"), "w") as f:
         json.dump({"worker": addresses}, f)

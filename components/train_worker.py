@@ -14,6 +14,8 @@ def train_worker(
     startup_timeout: float = 600.0,
     collective_timeout: float = 120.0,
     checkpoint_dir: str = "",
+    cluster_mode: str = "kubernetes",
+    run_id: str = "",
 ):
     """Trains as one worker of the run's cluster; worker 0 (the chief) writes the model.
 
@@ -28,17 +30,31 @@ def train_worker(
         learning_rate: Adam learning rate for one worker, scaled by sqrt(workers).
         startup_timeout: seconds to wait for every peer to join before failing with the missing peers' names.
         collective_timeout: seconds before a collective op with a silent peer fails.
-        checkpoint_dir: BackupAndRestore directory shared by all workers so a retried worker resumes; empty uses a
-            directory beside the model artifact.
+        checkpoint_dir: BackupAndRestore directory shared by all workers (a tf.io.gfile URI such as gs://... or a
+            shared volume) so a retried worker resumes; empty keeps checkpoints in the pod, lost on retry.
+        cluster_mode: 'kubernetes' labels this pod so its Service selects it and waits for the peers' names to
+            resolve; 'local' does neither.
+        run_id: the pipeline run's id, as given to create_cluster.
     """
     import json
     import os
     import sys
 
-    from trainer import train
+    from trainer import k8s, train
+    from trainer.cli import run_cli
 
     with open(os.path.join(cluster.path, "cluster.json")) as f:
         cluster_spec = f.read()
+    if cluster_mode == "kubernetes":
+        def join() -> None:
+            namespace = os.environ.get("POD_NAMESPACE", "")
+            k8s.label_own_pod(k8s.core_api(), namespace, os.environ.get("POD_NAME", ""), run_id, worker_index)
+            peers = [a for i, a in enumerate(json.loads(cluster_spec)["worker"]) if i != worker_index]
+            k8s.wait_for_names(peers, startup_timeout)
+
+        code = run_cli(join)
+        if code:
+            sys.exit(code)
     args = [
         "--data", dataset.path, "--model-dir", model.path, "--cluster-spec", cluster_spec,
         "--worker-index", str(worker_index), "--epochs", str(epochs), "--batch-size", str(batch_size),

@@ -7,6 +7,7 @@
 
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -18,7 +19,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kfp import compiler, dsl
+from kfp import compiler, dsl, kubernetes
 
 import components
 from trainer import __version__
@@ -30,13 +31,47 @@ PIPELINE_NAME = "mnist-multiworker"
 LOCAL_MAX_WORKERS = 2
 
 
-def create_pipeline(image: str = DEFAULT_IMAGE, cache_training: bool = False) -> Any:
+@dataclasses.dataclass(frozen=True)
+class WorkerPodSettings:
+    """Compile-time settings of the training worker pods on a cluster (kfp.local ignores them)."""
+
+    cpu_request: str = "1"
+    cpu_limit: str = "2"
+    memory_request: str = "2Gi"
+    memory_limit: str = "4Gi"
+    gpus: int = 0
+    retries: int = 2
+    timeout_seconds: int = 6 * 3600
+
+    def __post_init__(self) -> None:
+        if self.gpus < 0 or self.retries < 0 or self.timeout_seconds < 1:
+            raise ValueError(f"worker pod settings {self} are not allowed; allowed: gpus >= 0, retries >= 0, timeout >= 1 s")
+
+
+def _with_namespace_env(task: Any) -> Any:
+    return kubernetes.use_field_path_as_env(task, env_name="POD_NAMESPACE", field_path="metadata.namespace")
+
+
+def _configure_worker(task: Any, pods: WorkerPodSettings) -> None:
+    _with_namespace_env(task)
+    kubernetes.use_field_path_as_env(task, env_name="POD_NAME", field_path="metadata.name")
+    kubernetes.add_pod_annotation(task, annotation_key="sidecar.istio.io/inject", annotation_value="false")
+    task.set_cpu_request(pods.cpu_request).set_cpu_limit(pods.cpu_limit)
+    task.set_memory_request(pods.memory_request).set_memory_limit(pods.memory_limit)
+    if pods.gpus:
+        task.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(pods.gpus)
+    task.set_retry(num_retries=pods.retries, backoff_duration="30s", backoff_factor=2.0)
+    kubernetes.set_timeout(task, pods.timeout_seconds)
+
+
+def create_pipeline(image: str = DEFAULT_IMAGE, cache_training: bool = False, pods: WorkerPodSettings = WorkerPodSettings()) -> Any:
     """Builds the pipeline with every step running in `image`.
 
     Args:
         image: the container image of every executor (built from the project's Dockerfile).
         cache_training: let KFP reuse the results of training and evaluation; off by default so a scheduled
             retrain really retrains. Data preparation is always cacheable.
+        pods: resources, retries and timeout of the training worker pods.
     """
     ops = components.build(image)
 
@@ -52,24 +87,33 @@ def create_pipeline(image: str = DEFAULT_IMAGE, cache_training: bool = False) ->
         max_test_examples: int = 0,
         num_shards: int = 4,
         cluster_mode: str = "kubernetes",
+        port: int = 2222,
         startup_timeout: float = 600.0,
         collective_timeout: float = 120.0,
-    ) -> float:
-        prepared = ops.prepare_data(source=source, max_train_examples=max_train_examples,
-                                    max_test_examples=max_test_examples, num_shards=num_shards)
-        prepared.set_display_name("prepare data").set_caching_options(True)
-        cluster = ops.create_cluster(num_workers=num_workers, cluster_mode=cluster_mode)
-        cluster.set_display_name("create cluster").set_caching_options(False)
-        with dsl.ParallelFor(cluster.outputs["Output"]) as worker_index:
-            worker = ops.train_worker(
-                dataset=prepared.outputs["dataset"], cluster=cluster.outputs["cluster"],
-                worker_index=worker_index, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
-                startup_timeout=startup_timeout, collective_timeout=collective_timeout,
-            )
-            worker.set_display_name("train worker").set_caching_options(cache_training)
-        evaluation = ops.evaluate(dataset=prepared.outputs["dataset"], models=dsl.Collected(worker.outputs["model"]))
-        evaluation.set_display_name("evaluate").set_caching_options(cache_training)
-        return evaluation.outputs["Output"]
+        checkpoint_dir: str = "",
+    ):
+        run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
+        cleanup = ops.delete_cluster(run_id=run_id, cluster_mode=cluster_mode)
+        cleanup.set_display_name("delete cluster").set_caching_options(False)
+        _with_namespace_env(cleanup)
+        with dsl.ExitHandler(cleanup, name="train and evaluate"):
+            prepared = ops.prepare_data(source=source, max_train_examples=max_train_examples,
+                                        max_test_examples=max_test_examples, num_shards=num_shards)
+            prepared.set_display_name("prepare data").set_caching_options(True)
+            cluster = ops.create_cluster(num_workers=num_workers, run_id=run_id, cluster_mode=cluster_mode, port=port)
+            cluster.set_display_name("create cluster").set_caching_options(False)
+            _with_namespace_env(cluster)
+            with dsl.ParallelFor(cluster.outputs["Output"]) as worker_index:
+                worker = ops.train_worker(
+                    dataset=prepared.outputs["dataset"], cluster=cluster.outputs["cluster"], worker_index=worker_index,
+                    epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, startup_timeout=startup_timeout,
+                    collective_timeout=collective_timeout, checkpoint_dir=checkpoint_dir, cluster_mode=cluster_mode,
+                    run_id=run_id,
+                )
+                worker.set_display_name("train worker").set_caching_options(cache_training)
+                _configure_worker(worker, pods)
+            evaluation = ops.evaluate(dataset=prepared.outputs["dataset"], models=dsl.Collected(worker.outputs["model"]))
+            evaluation.set_display_name("evaluate").set_caching_options(cache_training)
 
     return mnist_pipeline
 
@@ -110,8 +154,8 @@ def run_local(num_workers: int, output_dir: str, epochs: int, source: str = "sam
     os.makedirs(root, exist_ok=True)
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=root, raise_on_error=True)
     started = time.monotonic()
-    task = mnist_pipeline(source=source, num_workers=num_workers, epochs=epochs, cluster_mode="local", startup_timeout=120.0)
-    return {"accuracy": task.output, "pipeline_root": root, "seconds": round(time.monotonic() - started, 1)}
+    mnist_pipeline(source=source, num_workers=num_workers, epochs=epochs, cluster_mode="local", startup_timeout=120.0)
+    return {"pipeline_root": root, "seconds": round(time.monotonic() - started, 1)}
 
 
 def find_artifacts(root: str) -> dict[str, str]:
@@ -126,6 +170,9 @@ def find_artifacts(root: str) -> dict[str, str]:
         found["model"] = str(models[0])
     if (run_dir / "evaluate" / "report").is_file():
         found["report"] = str(run_dir / "evaluate" / "report")
+    outputs = run_dir / "evaluate" / "executor_output.json"
+    if outputs.is_file():
+        found["accuracy"] = json.loads(outputs.read_text())["parameterValues"]["Output"]
     return found
 
 
@@ -163,11 +210,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     result = run_local(args.num_workers, args.output_dir, args.epochs, args.source)
     artifacts = find_artifacts(result["pipeline_root"])
-    print(f"pipeline finished in {result['seconds']}s")
-    print(f"test accuracy: {result['accuracy']:.4f}")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    print(f"\npipeline finished in {result['seconds']}s")
+    print(f"test accuracy: {artifacts['accuracy']:.4f}")
     for name in ("run", "model", "report"):
         print(f"{name}: {artifacts.get(name, 'not found')}")
-    print(json.dumps({"accuracy": result["accuracy"], **artifacts}))
+    print(json.dumps(artifacts))
     return 0
 
 

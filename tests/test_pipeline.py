@@ -144,16 +144,20 @@ def test_local_pipeline_end_to_end(tmp_path):
     result = _script("--local", "--num-workers", "2", "--output-dir", str(tmp_path / "run"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])
-    accuracy = float(re.search(r"^test accuracy: ([0-9.]+)$", result.stdout, re.M).group(1))
+    printed = re.search(r"test accuracy: ([0-9.]+)\n", result.stdout)
+    assert printed, result.stdout[-2000:]
+    accuracy = float(printed.group(1))
     assert accuracy == summary["accuracy"] >= 0.96
     run_dir = Path(summary["run"])
-    assert sorted(p.name for p in run_dir.iterdir()) == ["create-cluster", "evaluate", "for-loop-1-iteration-0",
-                                                         "for-loop-1-iteration-1", "prepare-data"]
+    names = sorted(p.name for p in run_dir.iterdir())
+    assert names[:3] == ["create-cluster", "delete-cluster", "evaluate"] and names[-1] == "prepare-data"
+    loops = names[3:-1]
+    assert len(loops) == 2 and loops[0].endswith("-iteration-0") and loops[1].endswith("-iteration-1")
     model = Path(summary["model"])
     assert (model / "saved_model" / "saved_model.pb").is_file()
     history = json.loads((model / "history.json").read_text())
     assert history["workers"] == 2, "both workers trained together in one MultiWorkerMirroredStrategy cluster"
-    other = run_dir / "for-loop-1-iteration-1" / "train-worker" / "model"
+    other = run_dir / loops[1] / "train-worker" / "model"
     assert sorted(p.name for p in other.iterdir()) == ["worker.json"]
 
     out = json.loads((run_dir / "evaluate" / "executor_output.json").read_text())

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from trainer.errors import EXIT_BAD_INPUT, EXIT_PEER_UNAVAILABLE, PeerUnavailableError, UsageError
+from trainer.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_PEER_UNAVAILABLE, KubernetesError, PeerUnavailableError, UsageError
 
 
 def setup_logging(prefix: str = "") -> None:
@@ -32,4 +32,7 @@ def run_cli(body: Callable[[], Any], prefix: str = "") -> int:
     except PeerUnavailableError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_PEER_UNAVAILABLE
+    except KubernetesError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_FAILED
     return 0

@@ -15,3 +15,7 @@ class UsageError(ValueError):
 
 class PeerUnavailableError(RuntimeError):
     """A cluster peer could not be reached or vanished. Retryable: a restart may find it."""
+
+
+class KubernetesError(RuntimeError):
+    """A Kubernetes API call failed; the message names the verb, resource and namespace."""
