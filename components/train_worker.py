@@ -12,7 +12,7 @@ def train_worker(
     batch_size: int = 64,
     learning_rate: float = 0.001,
     startup_timeout: float = 600.0,
-    collective_timeout: float = 120.0,
+    collective_timeout: float = 0.0,
     checkpoint_dir: str = "",
     cluster_mode: str = "kubernetes",
     run_id: str = "",
@@ -29,7 +29,8 @@ def train_worker(
         batch_size: examples per worker per step; the global batch is this times the number of workers.
         learning_rate: Adam learning rate for one worker, scaled by sqrt(workers).
         startup_timeout: seconds to wait for every peer to join before failing with the missing peers' names.
-        collective_timeout: seconds before a collective op with a silent peer fails.
+        collective_timeout: seconds before one collective op fails; 0 (default) for none: a lost peer is detected
+            by heartbeats anyway, and TF 2.21 leaks a thread per collective op when a timeout is set.
         checkpoint_dir: BackupAndRestore directory shared by all workers (a tf.io.gfile URI such as gs://... or a
             shared volume) so a retried worker resumes; empty keeps checkpoints in the pod, lost on retry.
         cluster_mode: 'kubernetes' labels this pod so its Service selects it and waits for the peers' names to

@@ -89,7 +89,7 @@ def create_pipeline(image: str = DEFAULT_IMAGE, cache_training: bool = False, po
         cluster_mode: str = "kubernetes",
         port: int = 2222,
         startup_timeout: float = 600.0,
-        collective_timeout: float = 120.0,
+        collective_timeout: float = 0.0,
         checkpoint_dir: str = "",
     ):
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER

@@ -26,3 +26,15 @@ def sample_data(tmp_path_factory) -> str:
     result = run_module("trainer.prepare", "--source", "sample", "--output", str(out))
     assert result.returncode == 0, result.stderr
     return str(out)
+
+
+@pytest.fixture(scope="session")
+def undisturbed_two_workers(sample_data, tmp_path_factory):
+    """Two workers through the launcher, 10 epochs, seed 42: (model dir, scratch TMPDIR, completed process)."""
+    base = tmp_path_factory.mktemp("undisturbed")
+    scratch = base / "scratch"
+    scratch.mkdir()
+    model_dir = base / "model"
+    result = run_module("trainer.launch", "--workers", "2", "--", "--data", sample_data, "--model-dir", str(model_dir),
+                        "--epochs", "10", env={"TMPDIR": str(scratch)}, timeout=400)
+    return model_dir, scratch, result

@@ -10,14 +10,22 @@ from typing import Any
 from trainer.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_PEER_UNAVAILABLE, KubernetesError, PeerUnavailableError, UsageError
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is at the time of each record (it may be replaced after set-up)."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: object) -> None:
+        pass
+
+
 def setup_logging(prefix: str = "") -> None:
-    logging.basicConfig(
-        level=logging.INFO,
-        format=f"%(asctime)s {prefix}%(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-        stream=sys.stderr,
-        force=True,
-    )
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter(f"%(asctime)s {prefix}%(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
     logging.getLogger("tensorflow").setLevel(logging.WARNING)
 
 

@@ -148,3 +148,14 @@ def num_workers(tf_config: Mapping[str, Any] | None) -> int:
         return 1
     cluster = tf_config["cluster"]
     return len(cluster.get("chief", [])) + len(cluster.get("worker", []))
+
+
+def worker_rank(tf_config: Mapping[str, Any] | None) -> int:
+    """This task's position among the training tasks (chief first, then workers): its share of the data."""
+    if not tf_config:
+        return 0
+    task = tf_config["task"]
+    has_chief = bool(tf_config["cluster"].get("chief"))
+    if task["type"] == "chief":
+        return 0
+    return task["index"] + (1 if has_chief else 0)

@@ -7,6 +7,7 @@ retryable (130, 137, 138, 143) mean "run me again and I may succeed", everything
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
 EXIT_PEER_UNAVAILABLE = 138
+RETRYABLE_EXIT_CODES = frozenset({130, 137, 138, 143})
 
 
 class UsageError(ValueError):

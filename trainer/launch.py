@@ -10,6 +10,7 @@ SIGKILL after a grace period: a worker stuck joining the cluster ignores SIGTERM
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -23,7 +24,7 @@ from typing import IO
 
 from trainer.cli import setup_logging
 from trainer.cluster import build_tf_config
-from trainer.errors import EXIT_BAD_INPUT, UsageError
+from trainer.errors import EXIT_BAD_INPUT, RETRYABLE_EXIT_CODES, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ class WorkerGroup:
         threads = max(1, (os.cpu_count() or 1) // len(self.addresses))
         for index in range(len(self.addresses)):
             env = dict(self.env)
-            env["TF_CONFIG"] = __import__("json").dumps(build_tf_config(self.addresses, "worker", index))
+            env["TF_CONFIG"] = json.dumps(build_tf_config(self.addresses, "worker", index))
             env.setdefault("TF_NUM_INTRAOP_THREADS", str(threads))
             env.setdefault("TF_NUM_INTEROP_THREADS", "2")
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -136,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 usage="trainer-launch --workers N [--grace S] -- TRAINING_ARGS...")
     p.add_argument("--workers", type=int, required=True, help=f"number of worker processes (1 to {MAX_LOCAL_WORKERS})")
     p.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL when stopping workers")
+    p.add_argument("--max-restarts", type=int, default=0,
+                   help="restart all workers up to N times after a retryable failure (a lost peer, a killed worker); "
+                        "with a shared --checkpoint-dir they resume from the last finished epoch")
     p.add_argument("--module", default="trainer.train", help=argparse.SUPPRESS)
     return p
 
@@ -150,26 +154,38 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    group = WorkerGroup([sys.executable, "-m", args.module, *rest], addresses, args.grace)
-    log.info("starting %d workers on %s", args.workers, ", ".join(addresses))
-    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    if args.max_restarts < 0:
+        print(f"error: max restarts {args.max_restarts} is not allowed; allowed: 0 or more", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    group: WorkerGroup | None = None
 
     def interrupted(signum: int, frame: object) -> None:
-        group.stop()
+        if group is not None:
+            group.stop()
         sys.exit(128 + signum)
 
-    for s in previous:
-        signal.signal(s, interrupted)
+    previous = {s: signal.signal(s, interrupted) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        group.start()
-        code, index = group.wait()
+        for attempt in range(args.max_restarts + 1):
+            if attempt:
+                addresses = local_cluster(args.workers)
+                log.info("restart %d of %d: starting %d workers on %s", attempt, args.max_restarts, args.workers, ", ".join(addresses))
+            else:
+                log.info("starting %d workers on %s", args.workers, ", ".join(addresses))
+            group = WorkerGroup([sys.executable, "-m", args.module, *rest], addresses, args.grace)
+            group.start()
+            code, index = group.wait()
+            if index is None:
+                break
+            detail = group.last_error.get(index, "no error line")
+            print(f"error: worker {index} failed with exit code {code}: {detail}", file=sys.stderr)
+            if code not in RETRYABLE_EXIT_CODES:
+                return code
+        else:
+            return code
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    if index is not None:
-        detail = group.last_error.get(index, "no error line")
-        print(f"error: worker {index} failed with exit code {code}: {detail}", file=sys.stderr)
-        return code
     log.info("all %d workers finished", args.workers)
     return 0
 

@@ -47,7 +47,7 @@ class TrainConfig:
     checkpoint_dir: str | None = None
     seed: int = 42
     startup_timeout: float = 120.0
-    collective_timeout: float = 60.0
+    collective_timeout: float = 0.0
     threads: int = 0
 
     def __post_init__(self) -> None:
@@ -59,7 +59,7 @@ class TrainConfig:
             ("learning_rate", self.learning_rate > 0, "a number above 0"),
             ("steps_per_epoch", self.steps_per_epoch is None or self.steps_per_epoch >= 1, "an integer of at least 1"),
             ("startup_timeout", self.startup_timeout > 0, "seconds above 0"),
-            ("collective_timeout", self.collective_timeout > 0, "seconds above 0"),
+            ("collective_timeout", self.collective_timeout >= 0, "seconds (0: no timeout)"),
             ("threads", self.threads >= 0, "0 (TensorFlow decides) or a positive count"),
         ]
         for name, ok, allowed in checks:
@@ -84,31 +84,81 @@ def make_strategy(tf_config: dict[str, Any] | None, config: TrainConfig) -> Any:
         return tf.distribute.get_strategy()
     from trainer.watchdog import StartupWatchdog
 
-    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=config.collective_timeout)
+    # A collective timeout makes TF 2.21 start a thread per collective op that never exits ("collective_ops"
+    # threads, about 400/s on MNIST); a long run dies at the thread limit. Peers that vanish are detected anyway
+    # by the coordination service's heartbeats, so the timeout is off unless asked for.
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=config.collective_timeout or None)
     with StartupWatchdog(tf_config, config.startup_timeout):
         strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-    log.info("cluster formed: %d workers, this is %s %d", strategy.num_replicas_in_sync,
-             tf_config["task"]["type"], tf_config["task"]["index"])
+    log.info("cluster formed: %d workers, this is %s %d (pid %d)", strategy.num_replicas_in_sync,
+             tf_config["task"]["type"], tf_config["task"]["index"], os.getpid())
     return strategy
 
 
-def make_train_dataset(data_dir: str, meta: dict[str, Any], global_batch: int, num_workers: int, seed: int) -> Any:
-    """Shuffled, repeated, globally batched training data that each worker auto-shards by file (or by record)."""
+def lost_peer_message(tf_config: dict[str, Any] | None, detail: str) -> str:
+    """One line naming the peers that no longer answer (probed now), with the first line of TensorFlow's error."""
+    from trainer.watchdog import describe_peers, unreachable
+
+    gone = unreachable(describe_peers(tf_config)) if tf_config else []
+    who = "; ".join(gone) if gone else "no peer is unreachable now"
+    return f"lost contact with a peer during training ({who}): {detail.strip().splitlines()[0][:300]}"
+
+
+def make_train_dataset(data_dir: str, meta: dict[str, Any], config: TrainConfig, steps: int, workers: int, rank: int,
+                       start_epoch: Any) -> Any:
+    """This worker's share of the training data, reshuffled per epoch and globally batched.
+
+    Sharding is explicit (whole files when they divide evenly among the workers, else every N-th record), and
+    epoch `e` is a fixed function of (seed, e): exactly `steps x batch_size` records shuffled with seed + e. The
+    stream starts at `start_epoch`, a variable set once BackupAndRestore has restored, so a restarted worker
+    sees the same data the uninterrupted run would have.
+    """
     import tensorflow as tf
 
     files = shard_paths(data_dir, meta, "train")
-    shape = tuple(meta["image_shape"])
-    ds = tf.data.Dataset.from_tensor_slices(files)
-    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=len(files), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    ds = ds.map(decode_fn(shape), num_parallel_calls=tf.data.AUTOTUNE).cache()
-    ds = ds.shuffle(min(meta["splits"]["train"]["num_examples"], 10_000), seed=seed, reshuffle_each_iteration=True)
-    ds = ds.repeat().map(lambda x, y: (tf.cast(x, tf.float32), y), num_parallel_calls=tf.data.AUTOTUNE)
-    ds = ds.batch(global_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    by_file = workers > 1 and len(files) % workers == 0
+    names = tf.data.Dataset.from_tensor_slices(files)
+    if by_file:
+        names = names.shard(workers, rank)
+    records = names.interleave(tf.data.TFRecordDataset, cycle_length=len(files), num_parallel_calls=tf.data.AUTOTUNE,
+                               deterministic=True)
+    records = records.map(decode_fn(tuple(meta["image_shape"])), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if workers > 1 and not by_file:
+        records = records.shard(workers, rank)
+    records = records.cache()
+    per_epoch = steps * config.batch_size
+    buffer = min(meta["splits"]["train"]["num_examples"], 10_000)
+
+    def epoch_block(epoch):
+        return records.shuffle(buffer, seed=config.seed * 1000 + epoch, reshuffle_each_iteration=False).repeat().take(per_epoch)
+
+    ds = tf.data.Dataset.range(config.epochs + 1).filter(lambda e: e >= start_epoch).flat_map(epoch_block)
+    ds = ds.map(lambda x, y: (tf.cast(x, tf.float32), y), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.batch(config.batch_size * workers, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
     options = tf.data.Options()
-    policy = tf.data.experimental.AutoShardPolicy
-    by_file = len(files) >= num_workers and len(files) % num_workers == 0
-    options.experimental_distribute.auto_shard_policy = policy.FILE if by_file else policy.DATA
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    options.deterministic = True
     return ds.with_options(options)
+
+
+class ResumeEpoch:
+    """A Keras callback, placed after BackupAndRestore, that tells the input pipeline where training resumes."""
+
+    def __init__(self, steps: int) -> None:
+        import tensorflow as tf
+        import tf_keras as keras
+
+        self.variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="resume_epoch")
+        variable = self.variable
+
+        class _Callback(keras.callbacks.Callback):
+            def on_train_begin(self, logs=None):
+                epoch, _ = self.model._maybe_load_initial_counters_from_ckpt(steps, 0)
+                variable.assign(int(epoch))
+                if epoch:
+                    log.info("resuming from the checkpoint: epochs 1-%d are done, continuing with epoch %d", epoch, epoch + 1)
+
+        self.callback = _Callback()
 
 
 class ThroughputHistory:
@@ -177,7 +227,11 @@ def run(config: TrainConfig, datasets: Any = None, strategy: Any = None) -> dict
     train_examples = meta["splits"]["train"]["num_examples"]
     steps = config.steps_per_epoch or max(1, train_examples // global_batch)
     image_shape = tuple(meta["image_shape"])
-    train_ds = datasets if datasets is not None else make_train_dataset(config.data_dir, meta, global_batch, workers, config.seed)
+    resume = ResumeEpoch(steps)
+    if datasets is not None:
+        train_ds = datasets
+    else:
+        train_ds = make_train_dataset(config.data_dir, meta, config, steps, workers, cluster_lib.worker_rank(tf_config), resume.variable)
 
     with strategy.scope():
         from trainer.model import build_model
@@ -186,13 +240,13 @@ def run(config: TrainConfig, datasets: Any = None, strategy: Any = None) -> dict
 
     throughput = ThroughputHistory(steps * global_batch)
     backup_dir = config.checkpoint_dir or f"{config.model_dir.rstrip('/')}.backup"
-    callbacks = [throughput.callback, keras.callbacks.BackupAndRestore(backup_dir=backup_dir)]
+    callbacks = [keras.callbacks.BackupAndRestore(backup_dir=backup_dir), resume.callback, throughput.callback]
     log.info("training %d epochs x %d steps, global batch %d (%d per worker x %d workers)",
              config.epochs, steps, global_batch, config.batch_size, workers)
     try:
         model.fit(train_ds, epochs=config.epochs, steps_per_epoch=steps, callbacks=callbacks, verbose=0)
-    except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.CancelledError) as err:
-        raise PeerUnavailableError(f"lost contact with a peer during training: {err.message.splitlines()[0]}") from None
+    except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.CancelledError, tf.errors.AbortedError) as err:
+        raise PeerUnavailableError(lost_peer_message(tf_config, err.message)) from None
 
     history = {
         "epochs": throughput.epochs,
@@ -230,7 +284,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-dir", default=None, help="BackupAndRestore directory shared by all workers (default: MODEL_DIR.backup)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--startup-timeout", type=float, default=120.0, help="seconds to wait for every peer to join (default 120)")
-    p.add_argument("--collective-timeout", type=float, default=60.0, help="seconds before a collective op with a silent peer fails (default 60)")
+    p.add_argument("--collective-timeout", type=float, default=0.0,
+                   help="seconds before one collective op fails (default 0: none; a lost peer is still detected by the "
+                        "coordination service's heartbeats in about 10 s). TF 2.21 leaks one thread per collective op "
+                        "when this is set, so long runs crash: use it only for short ones")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: TensorFlow decides)")
     p.add_argument("--tf-config", default=None, help="TF_CONFIG JSON (default: the TF_CONFIG environment variable)")
     p.add_argument("--cluster-spec", default=None, help='instead of --tf-config: cluster JSON such as {"worker": ["h0:2222", "h1:2222"]}')

@@ -1,0 +1,125 @@
+"""Faults with real worker processes: a worker killed mid-epoch, a peer that dies, an address that never resolves."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from tests.conftest import ROOT
+from trainer.cluster import build_tf_config
+from trainer.evaluate import run as evaluate
+from trainer.launch import free_ports
+
+
+def _env(extra=None):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="1", PYTHONUNBUFFERED="1")
+    env.pop("TF_CONFIG", None)
+    env.update(extra or {})
+    return env
+
+
+class Streamed:
+    """A process whose merged output is collected line by line while it runs."""
+
+    def __init__(self, args, env):
+        self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, pattern, timeout):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if m := re.search(pattern, line):
+                    return m
+            if self.proc.poll() is not None and not self._reader.is_alive():
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"no line matching {pattern!r} within {timeout}s:\n" + "\n".join(self.lines[-40:]))
+
+    def finish(self, timeout):
+        code = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        return code
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+
+
+@pytest.mark.slow
+def test_worker_killed_mid_epoch_is_restarted_and_resumes(sample_data, undisturbed_two_workers, tmp_path):
+    launcher = Streamed([sys.executable, "-m", "trainer.launch", "--workers", "2", "--max-restarts", "1", "--",
+                         "--data", sample_data, "--model-dir", str(tmp_path / "model"), "--epochs", "10",
+                         "--checkpoint-dir", str(tmp_path / "checkpoints")], _env())
+    try:
+        pid = int(launcher.wait_for(r"^\[worker 1\] .*cluster formed: .*\(pid (\d+)\)", 120).group(1))
+        launcher.wait_for(r"^\[worker 1\] .*epoch 3:", 180)
+        time.sleep(0.4)
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        launcher.wait_for(r"restart 1 of 1", 60)
+        assert time.monotonic() - killed_at < 45, "the survivor must fail promptly, not hang"
+        assert launcher.finish(400) == 0, "\n".join(launcher.lines[-40:])
+    finally:
+        launcher.kill()
+    text = "\n".join(launcher.lines)
+    before, after = text.split("restart 1 of 1", 1)
+    done_before = [int(e) for e in re.findall(r"^\[worker 0\] .*epoch (\d+):", before, re.M)]
+    done_after = [int(e) for e in re.findall(r"^\[worker 0\] .*epoch (\d+):", after, re.M)]
+    assert done_before and done_before == list(range(1, done_before[-1] + 1))
+    assert done_after == list(range(done_before[-1] + 1, 11)), "finished epochs are not redone; the rest are run once"
+    assert "exit code 137" in text
+    resumed = evaluate(str(tmp_path / "model"), sample_data)["accuracy"]
+    undisturbed = evaluate(str(undisturbed_two_workers[0]), sample_data)["accuracy"]
+    assert abs(resumed - undisturbed) <= 0.005, (resumed, undisturbed)
+    assert not os.listdir(tmp_path / "checkpoints"), "BackupAndRestore removes its checkpoints after success"
+
+
+@pytest.mark.slow
+def test_peer_that_dies_and_is_not_restarted_fails_the_survivor_naming_it(sample_data, tmp_path):
+    ports = free_ports(2)
+    addresses = [f"localhost:{p}" for p in ports]
+    workers = [
+        Streamed([sys.executable, "-m", "trainer.train", "--data", sample_data, "--model-dir", str(tmp_path / "model"),
+                  "--epochs", "30"], _env({"TF_CONFIG": json.dumps(build_tf_config(addresses, "worker", i))}))
+        for i in range(2)
+    ]
+    try:
+        workers[1].wait_for(r"epoch 2:", 180)
+        workers[1].kill()
+        killed_at = time.monotonic()
+        code = workers[0].finish(120)
+        elapsed = time.monotonic() - killed_at
+    finally:
+        for w in workers:
+            w.kill()
+    assert code == 138, "\n".join(workers[0].lines[-30:])
+    assert elapsed < 60
+    last = [line for line in workers[0].lines if line.startswith("error:")][-1]
+    assert f"lost contact with a peer during training (worker 1 at localhost:{ports[1]} (Connection refused))" in last
+    assert not (tmp_path / "model").exists()
+
+
+@pytest.mark.slow
+def test_unresolvable_peer_fails_within_the_timeout_naming_it(sample_data, tmp_path):
+    port = free_ports(1)[0]
+    tf_config = build_tf_config([f"localhost:{port}", "tfw-missing.nowhere.invalid:2222"], "worker", 0)
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "trainer.train", "--data", sample_data, "--model-dir", str(tmp_path / "m"),
+                             "--startup-timeout", "6"], cwd=ROOT, env=_env({"TF_CONFIG": json.dumps(tf_config)}),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == -signal.SIGKILL, "the watchdog SIGKILLs the stuck worker (a shell reports 137)"
+    assert "worker 1 at tfw-missing.nowhere.invalid:2222 (name does not resolve)" in result.stderr
+    assert time.monotonic() - start < 60
