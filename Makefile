@@ -20,7 +20,7 @@ $(FASHION_DIR):
 
 ## Run the whole pipeline locally (kfp.local) on the shipped sample: prepare -> 2 workers -> evaluate.
 run: $(STAMP)
-	$(PY) pipelines/mnist.py --local --num-workers 2 --output-dir $(OUT)/pipeline
+	$(PY) pipelines/mnist.py --local --num-workers 2 --output-dir $(OUT)/pipeline --publish-uri $(OUT)/published
 
 ## The trainer alone, without kfp: prepare the sample, 2 workers through the launcher, evaluate.
 run-trainer: $(STAMP)
@@ -42,6 +42,10 @@ fashion: $(STAMP) $(FASHION_DIR)
 		--class-names "T-shirt/top,Trouser,Pullover,Dress,Coat,Sandal,Shirt,Sneaker,Bag,Ankle boot"
 	/usr/bin/time -f "training wall time %es" $(PY) -m trainer.launch --workers 2 -- --data $(OUT)/data/fashion --model-dir $(OUT)/fashion-model --epochs 5
 	$(PY) -m trainer.evaluate --model-dir $(OUT)/fashion-model --data $(OUT)/data/fashion --output $(OUT)/fashion-metrics.json
+
+## Benchmarks (docs/benchmarks.md); `make bench ARGS=--quick` for the 3-minute version.
+bench: $(STAMP) $(FASHION_DIR)
+	$(PY) bench/run.py $(ARGS)
 
 clean:
 	rm -rf $(OUT) .pytest_cache

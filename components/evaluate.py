@@ -9,6 +9,8 @@ def evaluate(
     metrics: Output[Metrics],
     classification_metrics: Output[ClassificationMetrics],
     report: Output[HTML],
+    chief_model: Output[Model],
+    min_accuracy: float = 0.0,
 ) -> float:
     """Evaluates the chief's exported SavedModel (not the Python model code) on the test split.
 
@@ -18,12 +20,15 @@ def evaluate(
         metrics: test accuracy, loss and example count.
         classification_metrics: the confusion matrix, drawn by the Kubeflow UI.
         report: an HTML page with the training curves, per-class precision/recall/F1 and the confusion matrix.
+        chief_model: a copy of the chief's model (saved_model/, model.keras, history.json), for publishing.
+        min_accuracy: the quality gate; the metrics record whether the model passed it (1) or not (0).
 
     Returns:
         The test accuracy.
     """
     import json
     import os
+    import shutil
 
     from trainer import evaluate as evaluation
     from trainer.report import write_html
@@ -38,8 +43,13 @@ def evaluate(
     metrics.log_metric("accuracy", result["accuracy"])
     metrics.log_metric("loss", result["loss"])
     metrics.log_metric("test_examples", result["num_examples"])
+    metrics.log_metric("min_accuracy", min_accuracy)
+    metrics.log_metric("passed_gate", int(result["accuracy"] >= min_accuracy))
+    result["min_accuracy"] = min_accuracy
     classification_metrics.log_confusion_matrix(result["class_names"], result["confusion_matrix"])
     os.makedirs(os.path.dirname(report.path), exist_ok=True)
     write_html(report.path, result, history)
     report.metadata["model_uri"] = chief.uri
+    shutil.copytree(chief.path, chief_model.path)
+    chief_model.metadata.update({"accuracy": result["accuracy"], "source_uri": chief.uri})
     return result["accuracy"]

@@ -22,6 +22,7 @@ if __package__ in (None, ""):
 from kfp import compiler, dsl, kubernetes
 
 import components
+from pipelines import deploy
 from trainer import __version__
 
 log = logging.getLogger("pipelines.mnist")
@@ -91,6 +92,8 @@ def create_pipeline(image: str = DEFAULT_IMAGE, cache_training: bool = False, po
         startup_timeout: float = 600.0,
         collective_timeout: float = 0.0,
         checkpoint_dir: str = "",
+        min_accuracy: float = 0.95,
+        publish_uri: str = "",
     ):
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
         cleanup = ops.delete_cluster(run_id=run_id, cluster_mode=cluster_mode)
@@ -112,8 +115,16 @@ def create_pipeline(image: str = DEFAULT_IMAGE, cache_training: bool = False, po
                 )
                 worker.set_display_name("train worker").set_caching_options(cache_training)
                 _configure_worker(worker, pods)
-            evaluation = ops.evaluate(dataset=prepared.outputs["dataset"], models=dsl.Collected(worker.outputs["model"]))
+            evaluation = ops.evaluate(dataset=prepared.outputs["dataset"], models=dsl.Collected(worker.outputs["model"]),
+                                      min_accuracy=min_accuracy)
             evaluation.set_display_name("evaluate").set_caching_options(cache_training)
+            with dsl.If(evaluation.outputs["Output"] >= min_accuracy, name="quality gate"):
+                with dsl.If(publish_uri != "", name="publish location set"):
+                    published = ops.publish_model(
+                        model=evaluation.outputs["chief_model"], metrics=evaluation.outputs["metrics"],
+                        publish_uri=publish_uri, run_id=run_id, source=source, num_workers=num_workers, epochs=epochs,
+                        batch_size=batch_size, learning_rate=learning_rate)
+                    published.set_display_name("publish model").set_caching_options(False)
 
     return mnist_pipeline
 
@@ -145,7 +156,8 @@ def check_local_workers(num_workers: int) -> None:
         )
 
 
-def run_local(num_workers: int, output_dir: str, epochs: int, source: str = "sample") -> "dict[str, Any]":
+def run_local(num_workers: int, output_dir: str, epochs: int, source: str = "sample", min_accuracy: float = 0.95,
+              publish_uri: str = "") -> "dict[str, Any]":
     """Runs the whole pipeline through kfp.local's SubprocessRunner; returns where its artifacts landed."""
     from kfp import local
 
@@ -154,7 +166,8 @@ def run_local(num_workers: int, output_dir: str, epochs: int, source: str = "sam
     os.makedirs(root, exist_ok=True)
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=root, raise_on_error=True)
     started = time.monotonic()
-    mnist_pipeline(source=source, num_workers=num_workers, epochs=epochs, cluster_mode="local", startup_timeout=120.0)
+    mnist_pipeline(source=source, num_workers=num_workers, epochs=epochs, cluster_mode="local", startup_timeout=120.0,
+                   min_accuracy=min_accuracy, publish_uri=os.path.abspath(publish_uri) if publish_uri else "")
     return {"pipeline_root": root, "seconds": round(time.monotonic() - started, 1)}
 
 
@@ -168,6 +181,9 @@ def find_artifacts(root: str) -> dict[str, str]:
     models = [p.parent for p in run_dir.glob("*/train-worker/model/saved_model")]
     if models:
         found["model"] = str(models[0])
+    decision = next(run_dir.glob("publish-model/decision"), None)
+    if decision is not None:
+        found["publish"] = decision.read_text().splitlines()[2]
     if (run_dir / "evaluate" / "report").is_file():
         found["report"] = str(run_dir / "evaluate" / "report")
     outputs = run_dir / "evaluate" / "executor_output.json"
@@ -181,19 +197,119 @@ def build_parser() -> argparse.ArgumentParser:
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--compile", action="store_true", help="write the pipeline YAML")
     mode.add_argument("--local", action="store_true", help="run the whole pipeline here with kfp.local")
+    mode.add_argument("--upload", action="store_true", help="upload to a KFP server (a new version if the name exists)")
+    mode.add_argument("--run", action="store_true", help="upload, then start one run in --experiment")
+    mode.add_argument("--schedule", metavar="CRON", help="upload, then create a recurring run; KFP cron: 6 fields, seconds first")
+    mode.add_argument("--every", metavar="DURATION", help="upload, then create a recurring run every DURATION (e.g. 24h, 30m)")
     p.add_argument("--output", default="mnist_pipeline.yaml", help="with --compile: the YAML path")
-    p.add_argument("--image", default=DEFAULT_IMAGE, help=f"with --compile: every executor's image (default {DEFAULT_IMAGE})")
-    p.add_argument("--cache-training", action="store_true", help="with --compile: allow caching of training and evaluation")
-    p.add_argument("--num-workers", type=int, default=2, help=f"with --local: workers (1 to {LOCAL_MAX_WORKERS})")
-    p.add_argument("--epochs", type=int, default=12, help="with --local: training epochs")
-    p.add_argument("--source", default="sample", help="with --local: data source (default: the shipped sample)")
-    p.add_argument("--output-dir", default="out/pipeline", help="with --local: the local pipeline root")
+    p.add_argument("--image", default=DEFAULT_IMAGE, help=f"every executor's image (default {DEFAULT_IMAGE})")
+    p.add_argument("--cache-training", action="store_true", help="allow caching of training and evaluation")
+    local = p.add_argument_group("--local")
+    local.add_argument("--num-workers", type=int, default=2, help=f"workers (1 to {LOCAL_MAX_WORKERS})")
+    local.add_argument("--epochs", type=int, default=12, help="training epochs")
+    local.add_argument("--source", default="sample", help="data source (default: the shipped sample)")
+    local.add_argument("--output-dir", default="out/pipeline", help="the local pipeline root")
+    local.add_argument("--min-accuracy", type=float, default=0.95, help="the quality gate before publishing")
+    local.add_argument("--publish-uri", default="", help="where a model that passes the gate is published")
+    server = p.add_argument_group("--upload, --run, --schedule, --every")
+    server.add_argument("--host", default=os.environ.get("KF_PIPELINES_ENDPOINT"), help="KFP API endpoint (default: $KF_PIPELINES_ENDPOINT)")
+    server.add_argument("--token-file", default=None,
+                        help="file holding a bearer token (default: $KF_PIPELINES_TOKEN, else "
+                             "/var/run/secrets/kubeflow/pipelines/token when present)")
+    server.add_argument("--namespace", default=None, help="Kubeflow profile namespace (multi-user Kubeflow)")
+    server.add_argument("--pipeline-name", default=PIPELINE_NAME)
+    server.add_argument("--experiment", default=PIPELINE_NAME, help="experiment for runs (created if missing)")
+    server.add_argument("--run-name", default=None, help="name of the run or recurring run")
+    server.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="pipeline parameter, checked against the pipeline")
+    server.add_argument("--max-concurrency", type=int, default=1, help="recurring runs: at most this many at once")
+    server.add_argument("--no-catchup", action="store_true", help="recurring runs: skip missed intervals instead of backfilling")
+    server.add_argument("--start", default=None, help="recurring runs: RFC 3339 start time, e.g. 2027-01-01T00:00:00Z")
+    server.add_argument("--end", default=None, help="recurring runs: RFC 3339 end time")
     return p
+
+
+TOKEN_FILE = "/var/run/secrets/kubeflow/pipelines/token"
+
+
+def _token(args: argparse.Namespace) -> "str | None":
+    if args.token_file:
+        try:
+            with open(args.token_file) as f:
+                return f.read().strip()
+        except OSError as err:
+            raise deploy.DeployError(f"--token-file {args.token_file!r} cannot be read: {err.strerror}") from None
+    if os.environ.get("KF_PIPELINES_TOKEN"):
+        return os.environ["KF_PIPELINES_TOKEN"]
+    if os.path.isfile(TOKEN_FILE):
+        with open(TOKEN_FILE) as f:
+            return f.read().strip()
+    return None
+
+
+def _rfc3339(name: str, value: "str | None") -> "str | None":
+    from datetime import datetime
+
+    if value is None:
+        return None
+    try:
+        datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise deploy.DeployError(f"{name} {value!r} is not an RFC 3339 time; allowed: e.g. 2027-01-01T02:00:00Z") from None
+    return value
+
+
+def to_server(args: argparse.Namespace) -> int:
+    """--upload / --run / --schedule / --every: everything is checked before the first request."""
+    import tempfile
+
+    try:
+        if not args.host:
+            raise deploy.DeployError("no KFP host: pass --host URL or set KF_PIPELINES_ENDPOINT")
+        cron = deploy.check_cron(args.schedule) if args.schedule else None
+        interval = deploy.parse_duration(args.every) if args.every else None
+        if args.max_concurrency < 1:
+            raise deploy.DeployError(f"--max-concurrency {args.max_concurrency} is not allowed; allowed: 1 or more")
+        start, end = _rfc3339("--start", args.start), _rfc3339("--end", args.end)
+        token = _token(args)
+        with tempfile.TemporaryDirectory() as tmp:
+            package = compile_pipeline(os.path.join(tmp, "pipeline.yaml"), args.image, args.cache_training)
+            params = deploy.typed_params(args.param, deploy.pipeline_parameters(package))
+            try:
+                client = deploy.make_client(args.host, token, args.namespace)
+                pipeline_id, version_id = deploy.upload(client, args.host, package, args.pipeline_name, __version__)
+            except deploy.DeployError as err:
+                print(f"error: {err}", file=sys.stderr)
+                return 1
+    except deploy.DeployError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    host = args.host.rstrip("/")
+    print(f"pipeline {pipeline_id} version {version_id}")
+    print(f"{host}/#/pipelines/details/{pipeline_id}/version/{version_id}")
+    if args.upload:
+        return 0
+    name = args.run_name or f"{args.pipeline_name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    try:
+        experiment = deploy.experiment_id(client, host, args.experiment, args.namespace)
+        if args.run:
+            run_id = deploy.start_run(client, host, experiment, name, pipeline_id, version_id, params)
+            print(f"run {run_id}: {host}/#/runs/details/{run_id}")
+        else:
+            recurring = deploy.schedule(client, host, experiment, name, pipeline_id, version_id, params, cron=cron,
+                                        interval_seconds=interval, max_concurrency=args.max_concurrency,
+                                        no_catchup=args.no_catchup, start_time=start, end_time=end)
+            print(f"recurring run {recurring}: {host}/#/recurringruns/details/{recurring}")
+    except deploy.DeployError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.upload or args.run or args.schedule or args.every:
+        return to_server(args)
     if args.compile:
         started = time.monotonic()
         try:
@@ -208,15 +324,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    result = run_local(args.num_workers, args.output_dir, args.epochs, args.source)
+    result = run_local(args.num_workers, args.output_dir, args.epochs, args.source, args.min_accuracy, args.publish_uri)
     artifacts = find_artifacts(result["pipeline_root"])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    print(f"\npipeline finished in {result['seconds']}s")
-    print(f"test accuracy: {artifacts['accuracy']:.4f}")
-    for name in ("run", "model", "report"):
-        print(f"{name}: {artifacts.get(name, 'not found')}")
-    print(json.dumps(artifacts))
+    out = sys.__stdout__  # kfp.local leaves sys.stdout wrapped in an indenting writer
+    print(f"\npipeline finished in {result['seconds']}s", file=out)
+    print(f"test accuracy: {artifacts['accuracy']:.4f}", file=out)
+    for name in ("run", "model", "report", "publish"):
+        print(f"{name}: {artifacts.get(name, 'not found' if name != 'publish' else 'no publish step (gate failed or no --publish-uri)')}", file=out)
+    print(json.dumps(artifacts), file=out, flush=True)
     return 0
 
 

@@ -14,6 +14,20 @@ from tests.conftest import ROOT
 
 IMAGE = "registry.example/team/kfp-tf-multiworker:9.9.9"
 COMPONENTS = {"comp-prepare-data", "comp-create-cluster", "comp-train-worker", "comp-evaluate"}
+EXECUTORS = {"exec-prepare-data", "exec-create-cluster", "exec-train-worker", "exec-evaluate", "exec-publish-model", "exec-delete-cluster"}
+
+
+def _load(path):
+    """The pipeline spec: the first YAML document (the second is the Kubernetes platform config)."""
+    return next(yaml.safe_load_all(Path(path).read_text()))
+
+
+def _tasks(spec):
+    """Every task of every DAG in the spec (root, exit handler, loop, conditions), by task name."""
+    found = dict(spec["root"]["dag"]["tasks"])
+    for component in spec["components"].values():
+        found.update(component.get("dag", {}).get("tasks", {}))
+    return found
 
 
 def _script(*args, timeout=600):
@@ -30,7 +44,7 @@ def compiled(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def spec(compiled):
-    return yaml.safe_load(compiled.read_text())
+    return _load(compiled)
 
 
 def test_yaml_loads_back_with_kfp(compiled):
@@ -44,7 +58,7 @@ def test_yaml_loads_back_with_kfp(compiled):
 def test_four_components_all_in_the_given_image_without_pip_install(spec):
     assert set(spec["components"]) >= COMPONENTS
     executors = spec["deploymentSpec"]["executors"]
-    assert len(executors) == 4
+    assert set(executors) == EXECUTORS, "the four steps, the publish step behind the gate, the cleanup step"
     for executor in executors.values():
         container = executor["container"]
         assert container["image"] == IMAGE
@@ -58,13 +72,13 @@ def test_default_image_matches_the_package_version(tmp_path):
 
     result = _script("--compile", "--output", str(tmp_path / "p.yaml"))
     assert result.returncode == 0, result.stderr
-    images = {e["container"]["image"] for e in yaml.safe_load((tmp_path / "p.yaml").read_text())["deploymentSpec"]["executors"].values()}
+    images = {e["container"]["image"] for e in _load(tmp_path / "p.yaml")["deploymentSpec"]["executors"].values()}
     assert images == {f"kfp-tf-multiworker:{__version__}"}
 
 
 def test_parallel_for_over_the_cluster_driven_by_num_workers(spec):
-    root_tasks = spec["root"]["dag"]["tasks"]
-    loops = [t for t in root_tasks.values() if "parameterIterator" in t]
+    tasks = _tasks(spec)
+    loops = [t for t in tasks.values() if "parameterIterator" in t]
     assert len(loops) == 1
     loop = loops[0]
     assert loop["parameterIterator"]["items"]["inputParameter"] == "pipelinechannel--create-cluster-Output"
@@ -73,10 +87,19 @@ def test_parallel_for_over_the_cluster_driven_by_num_workers(spec):
     inner = loop_component["dag"]["tasks"]["train-worker"]
     assert inner["componentRef"]["name"] == "comp-train-worker"
     assert inner["inputs"]["parameters"]["worker_index"]["componentInputParameter"].endswith("loop-item")
-    cluster_task = root_tasks["create-cluster"]
-    assert cluster_task["inputs"]["parameters"]["num_workers"] == {"componentInputParameter": "num_workers"}
-    evaluate = root_tasks["evaluate"]
-    assert evaluate["inputs"]["artifacts"]["models"]["taskOutputArtifact"]["producerTask"] == loop["taskInfo"]["name"]
+    assert tasks["create-cluster"]["inputs"]["parameters"]["num_workers"] == {"componentInputParameter": "pipelinechannel--num_workers"}
+    assert spec["root"]["dag"]["tasks"]["exit-handler-1"]["inputs"]["parameters"]["pipelinechannel--num_workers"] == {
+        "componentInputParameter": "num_workers"}
+    assert tasks["evaluate"]["inputs"]["artifacts"]["models"]["taskOutputArtifact"]["producerTask"] == loop["taskInfo"]["name"]
+
+
+def test_quality_gate_guards_publishing(spec):
+    tasks = _tasks(spec)
+    gates = [t for t in tasks.values() if "triggerPolicy" in t and "condition" in t["triggerPolicy"]]
+    conditions = " ".join(g["triggerPolicy"]["condition"] for g in gates)
+    assert "inputs.parameter_values['pipelinechannel--evaluate-Output'] >= inputs.parameter_values['pipelinechannel--min_accuracy']" in conditions
+    assert "inputs.parameter_values['pipelinechannel--publish_uri'] != ''" in conditions
+    assert tasks["publish-model"]["inputs"]["artifacts"]["model"]["componentInputArtifact"] == "pipelinechannel--evaluate-chief_model"
 
 
 def test_parameters_and_defaults(spec):
@@ -90,16 +113,16 @@ def test_parameters_and_defaults(spec):
 
 
 def test_caching_decided_at_compile_time(spec, tmp_path):
-    tasks = spec["root"]["dag"]["tasks"]
+    tasks = _tasks(spec)
     assert tasks["prepare-data"]["cachingOptions"] == {"enableCache": True}
     assert not tasks["evaluate"]["cachingOptions"].get("enableCache")
     assert not tasks["create-cluster"]["cachingOptions"].get("enableCache")
-    loop = next(t for t in tasks.values() if "parameterIterator" in t)
-    worker = spec["components"][loop["componentRef"]["name"]]["dag"]["tasks"]["train-worker"]
-    assert not worker["cachingOptions"].get("enableCache")
+    assert not tasks["train-worker"]["cachingOptions"].get("enableCache")
+    assert not tasks["publish-model"]["cachingOptions"].get("enableCache")
     assert _script("--compile", "--cache-training", "--output", str(tmp_path / "c.yaml")).returncode == 0
-    cached = yaml.safe_load((tmp_path / "c.yaml").read_text())["root"]["dag"]["tasks"]
+    cached = _tasks(_load(tmp_path / "c.yaml"))
     assert cached["evaluate"]["cachingOptions"] == {"enableCache": True}
+    assert cached["train-worker"]["cachingOptions"] == {"enableCache": True}
 
 
 def test_evaluate_outputs_are_types_the_ui_renders(spec):
@@ -119,7 +142,7 @@ def test_kfp_cli_compiles_the_file_too(tmp_path):
     result = subprocess.run([str(kfp_cli), "dsl", "compile", "--py", "pipelines/mnist.py", "--output", str(tmp_path / "k.yaml")],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert yaml.safe_load((tmp_path / "k.yaml").read_text())["pipelineInfo"]["name"] == "mnist-multiworker"
+    assert _load(tmp_path / "k.yaml")["pipelineInfo"]["name"] == "mnist-multiworker"
 
 
 def test_compile_refuses_a_non_yaml_output(tmp_path):
@@ -141,7 +164,8 @@ def test_local_run_with_three_workers_is_refused_at_once(tmp_path):
 
 @pytest.mark.slow
 def test_local_pipeline_end_to_end(tmp_path):
-    result = _script("--local", "--num-workers", "2", "--output-dir", str(tmp_path / "run"))
+    published = tmp_path / "published"
+    result = _script("--local", "--num-workers", "2", "--output-dir", str(tmp_path / "run"), "--publish-uri", str(published))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     printed = re.search(r"test accuracy: ([0-9.]+)\n", result.stdout)
@@ -169,3 +193,33 @@ def test_local_pipeline_end_to_end(tmp_path):
     report = Path(summary["report"]).read_text()
     assert report.startswith("<!doctype html>") and "data:image/png;base64," in report
     assert f"Test accuracy {accuracy:.4f}" in report
+
+    latest = json.loads((published / "latest.json").read_text())
+    version_dir = published / str(latest["version"])
+    assert sorted(p.name for p in published.iterdir()) == sorted([str(latest["version"]), "latest.json"])
+    assert (version_dir / "saved_model.pb").is_file()
+    assert json.loads((version_dir / "metrics.json").read_text())["metrics"]["accuracy"] == accuracy
+    assert latest["lineage"]["dataset"] == "sample" and latest["lineage"]["parameters"]["num_workers"] == 2
+    assert latest["lineage"]["run_id"]
+
+    worse = _script("--local", "--num-workers", "2", "--epochs", "1", "--min-accuracy", "0.5", "--output-dir", str(tmp_path / "run2"),
+                    "--publish-uri", str(published))
+    assert worse.returncode == 0, worse.stderr[-3000:]
+    worse_accuracy = json.loads(worse.stdout.strip().splitlines()[-1])["accuracy"]
+    assert 0.5 <= worse_accuracy < accuracy
+    assert f"not published: accuracy {worse_accuracy:.4f} is below the published version {latest['version']}" in worse.stdout
+    assert json.loads((published / "latest.json").read_text()) == latest, "a worse model does not replace the published one"
+    assert sorted(p.name for p in published.iterdir()) == sorted([str(latest["version"]), "latest.json"])
+
+
+@pytest.mark.slow
+def test_failed_quality_gate_publishes_nothing_and_the_run_succeeds(tmp_path):
+    result = _script("--local", "--num-workers", "2", "--epochs", "1", "--min-accuracy", "0.999", "--output-dir", str(tmp_path / "run"),
+                     "--publish-uri", str(tmp_path / "published"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["accuracy"] < 0.999 and "publish" not in summary
+    assert not (tmp_path / "published").exists()
+    out = json.loads((Path(summary["run"]) / "evaluate" / "executor_output.json").read_text())
+    assert out["artifacts"]["metrics"]["artifacts"][0]["metadata"]["passed_gate"] == 0
+    assert "FAILED, not published" in Path(summary["report"]).read_text()

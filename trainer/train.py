@@ -49,6 +49,8 @@ class TrainConfig:
     startup_timeout: float = 120.0
     collective_timeout: float = 0.0
     threads: int = 0
+    pack_bytes: int = 0
+    validate: bool = False
 
     def __post_init__(self) -> None:
         checks = [
@@ -61,6 +63,7 @@ class TrainConfig:
             ("startup_timeout", self.startup_timeout > 0, "seconds above 0"),
             ("collective_timeout", self.collective_timeout >= 0, "seconds (0: no timeout)"),
             ("threads", self.threads >= 0, "0 (TensorFlow decides) or a positive count"),
+            ("pack_bytes", self.pack_bytes >= 0, "0 (TensorFlow decides) or a positive byte count"),
         ]
         for name, ok, allowed in checks:
             if not ok:
@@ -87,7 +90,8 @@ def make_strategy(tf_config: dict[str, Any] | None, config: TrainConfig) -> Any:
     # A collective timeout makes TF 2.21 start a thread per collective op that never exits ("collective_ops"
     # threads, about 400/s on MNIST); a long run dies at the thread limit. Peers that vanish are detected anyway
     # by the coordination service's heartbeats, so the timeout is off unless asked for.
-    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=config.collective_timeout or None)
+    options = tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=config.pack_bytes, timeout_seconds=config.collective_timeout or None)
     with StartupWatchdog(tf_config, config.startup_timeout):
         strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     log.info("cluster formed: %d workers, this is %s %d (pid %d)", strategy.num_replicas_in_sync,
@@ -141,6 +145,19 @@ def make_train_dataset(data_dir: str, meta: dict[str, Any], config: TrainConfig,
     return ds.with_options(options)
 
 
+def make_eval_dataset(data_dir: str, meta: dict[str, Any], global_batch: int, workers: int, rank: int) -> Any:
+    """This worker's share of the test split, repeated so every worker runs the same number of validation steps."""
+    import tensorflow as tf
+
+    ds = tf.data.TFRecordDataset(shard_paths(data_dir, meta, "test")).map(decode_fn(tuple(meta["image_shape"])))
+    if workers > 1:
+        ds = ds.shard(workers, rank)
+    ds = ds.cache().repeat().map(lambda x, y: (tf.cast(x, tf.float32), y)).batch(global_batch, drop_remainder=True)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return ds.with_options(options)
+
+
 class ResumeEpoch:
     """A Keras callback, placed after BackupAndRestore, that tells the input pipeline where training resumes."""
 
@@ -170,12 +187,16 @@ class ThroughputHistory:
         outer = self
 
         class _Callback(keras.callbacks.Callback):
+            def on_train_begin(self, logs=None):
+                outer._fit_start = time.perf_counter()
+
             def on_epoch_begin(self, epoch, logs=None):
                 outer._start = time.perf_counter()
 
             def on_epoch_end(self, epoch, logs=None):
-                seconds = time.perf_counter() - outer._start
-                entry = {"epoch": epoch + 1, "seconds": round(seconds, 3),
+                now = time.perf_counter()
+                seconds = now - outer._start
+                entry = {"epoch": epoch + 1, "seconds": round(seconds, 3), "elapsed": round(now - outer._fit_start, 3),
                          "examples_per_second": round(examples_per_epoch / seconds, 1)}
                 entry.update({k: float(v) for k, v in (logs or {}).items()})
                 outer.epochs.append(entry)
@@ -183,6 +204,7 @@ class ThroughputHistory:
 
         self.epochs: list[dict[str, float]] = []
         self._start = 0.0
+        self._fit_start = 0.0
         self.callback = _Callback()
 
 
@@ -243,8 +265,13 @@ def run(config: TrainConfig, datasets: Any = None, strategy: Any = None) -> dict
     callbacks = [keras.callbacks.BackupAndRestore(backup_dir=backup_dir), resume.callback, throughput.callback]
     log.info("training %d epochs x %d steps, global batch %d (%d per worker x %d workers)",
              config.epochs, steps, global_batch, config.batch_size, workers)
+    validation: dict[str, Any] = {}
+    if config.validate:
+        verify_split(config.data_dir, meta, "test")
+        validation = {"validation_data": make_eval_dataset(config.data_dir, meta, global_batch, workers, cluster_lib.worker_rank(tf_config)),
+                      "validation_steps": max(1, meta["splits"]["test"]["num_examples"] // global_batch)}
     try:
-        model.fit(train_ds, epochs=config.epochs, steps_per_epoch=steps, callbacks=callbacks, verbose=0)
+        model.fit(train_ds, epochs=config.epochs, steps_per_epoch=steps, callbacks=callbacks, verbose=0, **validation)
     except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.CancelledError, tf.errors.AbortedError) as err:
         raise PeerUnavailableError(lost_peer_message(tf_config, err.message)) from None
 
@@ -289,6 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "coordination service's heartbeats in about 10 s). TF 2.21 leaks one thread per collective op "
                         "when this is set, so long runs crash: use it only for short ones")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: TensorFlow decides)")
+    p.add_argument("--pack-bytes", type=int, default=0, help="all-reduce gradient packing: bytes per pack (0: TensorFlow decides)")
+    p.add_argument("--validate", action="store_true", help="evaluate on the test split after every epoch (val_loss, val_accuracy in the history)")
     p.add_argument("--tf-config", default=None, help="TF_CONFIG JSON (default: the TF_CONFIG environment variable)")
     p.add_argument("--cluster-spec", default=None, help='instead of --tf-config: cluster JSON such as {"worker": ["h0:2222", "h1:2222"]}')
     p.add_argument("--worker-index", type=int, default=None, help="with --cluster-spec: this worker's index")
@@ -314,6 +343,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         data_dir=args.data, model_dir=args.model_dir, epochs=args.epochs, batch_size=args.batch_size,
         learning_rate=args.learning_rate, steps_per_epoch=args.steps_per_epoch, checkpoint_dir=args.checkpoint_dir,
         seed=args.seed, startup_timeout=args.startup_timeout, collective_timeout=args.collective_timeout, threads=args.threads,
+        pack_bytes=args.pack_bytes, validate=args.validate,
     )
 
 

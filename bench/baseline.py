@@ -1,0 +1,47 @@
+"""The baseline users compare us with: a plain single-process tf-keras `fit` on in-memory numpy arrays.
+
+    python bench/baseline.py --data PREPARED_DIR --epochs 3 --batch-size 64   -> one JSON line on stdout
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--learning-rate", type=float, default=0.001)
+    args = parser.parse_args()
+
+    import tf_keras as keras
+
+    from trainer.model import build_model
+    from trainer.records import read_arrays
+
+    images, labels, meta = read_arrays(args.data, "train")
+    x = images.astype("float32")
+    keras.utils.set_random_seed(42)
+    model = build_model(tuple(meta["image_shape"]), meta["num_classes"], args.learning_rate)
+    times = []
+
+    class Timer(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.start = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            times.append(time.perf_counter() - self.start)
+
+    model.fit(x, labels, batch_size=args.batch_size, epochs=args.epochs, shuffle=True, verbose=0, callbacks=[Timer()])
+    steps = len(x) // args.batch_size + (1 if len(x) % args.batch_size else 0)
+    print(json.dumps({"epoch_seconds": times, "examples_per_epoch": len(x), "steps_per_epoch": steps}))
+
+
+if __name__ == "__main__":
+    main()
