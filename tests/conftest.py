@@ -38,3 +38,9 @@ def undisturbed_two_workers(sample_data, tmp_path_factory):
     result = run_module("trainer.launch", "--workers", "2", "--", "--data", sample_data, "--model-dir", str(model_dir),
                         "--epochs", "10", env={"TMPDIR": str(scratch)}, timeout=400)
     return model_dir, scratch, result
+
+
+@pytest.fixture(autouse=True)
+def _no_tf_config_leaks(monkeypatch):
+    """Entry points called in-process set TF_CONFIG, as an entry point should; no test may see another's."""
+    monkeypatch.delenv("TF_CONFIG", raising=False)

@@ -51,58 +51,83 @@ def local_cluster(workers: int) -> list[str]:
     return [f"localhost:{port}" for port in free_ports(workers)]
 
 
-def _pump(index: int, stream: IO[bytes], last_error: dict[int, str]) -> None:
+def local_topology(workers: int, ps: int) -> dict[str, list[str]]:
+    """Loopback addresses: `{"worker": [...]}`, or with parameter servers `{"chief", "worker", "ps"}`."""
+    if not ps:
+        return {"worker": local_cluster(workers)}
+    if not 1 <= ps <= MAX_LOCAL_WORKERS:
+        raise UsageError(f"ps {ps} is not allowed; allowed: 0 (mirrored) or 1 to {MAX_LOCAL_WORKERS}")
+    total = workers + ps + 1
+    if not 1 <= workers or total > MAX_LOCAL_WORKERS:
+        raise UsageError(f"chief + {ps} ps + {workers} workers is not allowed; allowed: at least 1 worker, at most {MAX_LOCAL_WORKERS} processes")
+    addresses = [f"localhost:{port}" for port in free_ports(total)]
+    return {"chief": addresses[:1], "worker": addresses[1:workers + 1], "ps": addresses[workers + 1:]}
+
+
+def _pump(label: str, stream: IO[bytes], last_error: dict[str, str]) -> None:
     for raw in iter(stream.readline, b""):
         line = raw.decode(errors="replace").rstrip("\n")
-        if line.startswith("error:") or "Error" in line.split(":")[0]:
-            last_error[index] = line
-        sys.stdout.write(f"[worker {index}] {line}\n")
+        if line.startswith("error:"):
+            last_error[label] = line
+        sys.stdout.write(f"[{label}] {line}\n")
         sys.stdout.flush()
 
 
 class WorkerGroup:
-    """Starts and supervises one process per worker."""
+    """Starts and supervises one process per task of a cluster (`{"worker": [...]}` or chief + ps + workers)."""
 
-    def __init__(self, command: Sequence[str], addresses: Sequence[str], grace: float, env: dict[str, str] | None = None) -> None:
+    def __init__(self, command: Sequence[str], cluster: dict[str, list[str]], grace: float, tolerate: Sequence[str] = (),
+                 env: dict[str, str] | None = None) -> None:
         self.command = list(command)
-        self.addresses = list(addresses)
+        self.cluster = cluster
+        self.tasks = [(job, index) for job, addresses in cluster.items() for index in range(len(addresses))]
+        self.labels = [f"{job} {index}" for job, index in self.tasks]
+        self.tolerate = set(tolerate)
         self.grace = grace
         self.env = dict(os.environ if env is None else env)
         self.procs: list[subprocess.Popen[bytes]] = []
-        self.last_error: dict[int, str] = {}
+        self.last_error: dict[str, str] = {}
+        self.tolerated: dict[str, int] = {}
         self._pumps: list[threading.Thread] = []
 
     def start(self) -> None:
-        threads = max(1, (os.cpu_count() or 1) // len(self.addresses))
-        for index in range(len(self.addresses)):
+        threads = max(1, (os.cpu_count() or 1) // len(self.tasks))
+        for (job, index), label in zip(self.tasks, self.labels, strict=True):
             env = dict(self.env)
-            env["TF_CONFIG"] = json.dumps(build_tf_config(self.addresses, "worker", index))
+            env["TF_CONFIG"] = json.dumps(build_tf_config(self.cluster, job, index))
             env.setdefault("TF_NUM_INTRAOP_THREADS", str(threads))
             env.setdefault("TF_NUM_INTEROP_THREADS", "2")
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
             env["PYTHONUNBUFFERED"] = "1"
             proc = subprocess.Popen(self.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
             self.procs.append(proc)
-            pump = threading.Thread(target=_pump, args=(index, proc.stdout, self.last_error), daemon=True)
+            pump = threading.Thread(target=_pump, args=(label, proc.stdout, self.last_error), daemon=True)
             pump.start()
             self._pumps.append(pump)
 
-    def wait(self) -> tuple[int, int | None]:
-        """Waits until all exit 0 or one fails; returns (exit code, failed worker index or None)."""
+    def wait(self) -> tuple[int, str | None]:
+        """Waits until every task has exited or one whose failure is not tolerated fails.
+
+        Returns (exit code, label of the failed task or None); tolerated failures are kept in `self.tolerated`.
+        """
         while True:
             codes = [p.poll() for p in self.procs]
-            failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
-            if failed:
-                index, code = failed[0]
+            for (job, _), label, code in zip(self.tasks, self.labels, codes, strict=True):
+                if code in (None, 0) or label in self.tolerated:
+                    continue
+                if job in self.tolerate:
+                    self.tolerated[label] = _shell_code(code)
+                    log.warning("%s exited with code %d; the others carry on", label, _shell_code(code))
+                    continue
                 self.stop()
-                return _shell_code(code), index
-            if all(c == 0 for c in codes):
+                return _shell_code(code), label
+            if all(c is not None for c in codes):
                 self._drain()
                 return 0, None
             time.sleep(0.2)
 
     def stop(self) -> None:
-        """SIGTERM every live worker, SIGKILL those still there after the grace period."""
+        """SIGTERM every live task, SIGKILL those still there after the grace period."""
         live = [p for p in self.procs if p.poll() is None]
         for p in live:
             _signal_group(p, signal.SIGTERM)
@@ -137,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 usage="trainer-launch --workers N [--grace S] -- TRAINING_ARGS...")
     p.add_argument("--workers", type=int, required=True, help=f"number of worker processes (1 to {MAX_LOCAL_WORKERS})")
     p.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL when stopping workers")
+    p.add_argument("--ps", type=int, default=0,
+                   help="parameter servers; with N > 0 runs chief + N ps + --workers workers under ParameterServerStrategy")
     p.add_argument("--max-restarts", type=int, default=0,
                    help="restart all workers up to N times after a retryable failure (a lost peer, a killed worker); "
                         "with a shared --checkpoint-dir they resume from the last finished epoch")
@@ -150,13 +177,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(own)
     setup_logging("launch ")
     try:
-        addresses = local_cluster(args.workers)
+        cluster = local_topology(args.workers, args.ps)
     except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if args.max_restarts < 0:
         print(f"error: max restarts {args.max_restarts} is not allowed; allowed: 0 or more", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if args.ps and "--strategy" not in rest:
+        rest = [*rest, "--strategy", "parameter_server"]
+    tolerate = ("worker",) if args.ps else ()
     group: WorkerGroup | None = None
 
     def interrupted(signum: int, frame: object) -> None:
@@ -168,17 +198,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for attempt in range(args.max_restarts + 1):
             if attempt:
-                addresses = local_cluster(args.workers)
-                log.info("restart %d of %d: starting %d workers on %s", attempt, args.max_restarts, args.workers, ", ".join(addresses))
+                cluster = local_topology(args.workers, args.ps)
+                log.info("restart %d of %d: starting %s", attempt, args.max_restarts, json.dumps(cluster))
             else:
-                log.info("starting %d workers on %s", args.workers, ", ".join(addresses))
-            group = WorkerGroup([sys.executable, "-m", args.module, *rest], addresses, args.grace)
+                log.info("starting %s", json.dumps(cluster))
+            group = WorkerGroup([sys.executable, "-m", args.module, *rest], cluster, args.grace, tolerate)
             group.start()
-            code, index = group.wait()
-            if index is None:
+            code, label = group.wait()
+            if label is None:
                 break
-            detail = group.last_error.get(index, "no error line")
-            print(f"error: worker {index} failed with exit code {code}: {detail}", file=sys.stderr)
+            detail = group.last_error.get(label, "no error line")
+            print(f"error: {label} failed with exit code {code}: {detail}", file=sys.stderr)
             if code not in RETRYABLE_EXIT_CODES:
                 return code
         else:
@@ -186,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    log.info("all %d workers finished", args.workers)
+    log.info("all %d processes finished", len(group.tasks) if group else 0)
     return 0
 
 

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 SAVED_MODEL_DIR = "saved_model"
 KERAS_FILE = "model.keras"
 HISTORY_FILE = "history.json"
+STRATEGIES = ("multi_worker_mirrored", "parameter_server")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +52,9 @@ class TrainConfig:
     threads: int = 0
     pack_bytes: int = 0
     validate: bool = False
+    strategy: str = "multi_worker_mirrored"
+    status_uri: str | None = None
+    chief_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         checks = [
@@ -64,6 +68,8 @@ class TrainConfig:
             ("collective_timeout", self.collective_timeout >= 0, "seconds (0: no timeout)"),
             ("threads", self.threads >= 0, "0 (TensorFlow decides) or a positive count"),
             ("pack_bytes", self.pack_bytes >= 0, "0 (TensorFlow decides) or a positive byte count"),
+            ("strategy", self.strategy in STRATEGIES, " or ".join(STRATEGIES)),
+            ("chief_timeout", self.chief_timeout > 0, "seconds above 0"),
         ]
         for name, ok, allowed in checks:
             if not ok:
@@ -218,6 +224,13 @@ def _save(model: Any, image_shape: tuple[int, int, int], directory: str, history
     write_json(f"{directory}/{HISTORY_FILE}", history)
 
 
+def save_model(model: Any, image_shape: tuple[int, int, int], model_dir: str, history: dict[str, Any]) -> None:
+    """The chief's export: saved_model/, model.keras and history.json, all or nothing."""
+    with atomic_directory(model_dir) as tmp:
+        _save(model, image_shape, tmp, history)
+    log.info("chief wrote the model to %s", model_dir)
+
+
 def run(config: TrainConfig, datasets: Any = None, strategy: Any = None) -> dict[str, Any]:
     """Trains on `config.data_dir` and, on the chief, writes the model to `config.model_dir`.
 
@@ -234,6 +247,9 @@ def run(config: TrainConfig, datasets: Any = None, strategy: Any = None) -> dict
 
     tf_config = tf_config_from_env()
     chief = cluster_lib.is_chief(tf_config)
+    if config.strategy == "multi_worker_mirrored" and tf_config and tf_config["cluster"].get("ps"):
+        raise UsageError("TF_CONFIG has 'ps' tasks but the strategy is multi_worker_mirrored; "
+                         "allowed: no ps tasks, or --strategy parameter_server")
     meta = load_metadata(config.data_dir)
     verify_split(config.data_dir, meta, "train")
     if chief:
@@ -242,6 +258,11 @@ def run(config: TrainConfig, datasets: Any = None, strategy: Any = None) -> dict
         tf.config.threading.set_intra_op_parallelism_threads(config.threads)
         tf.config.threading.set_inter_op_parallelism_threads(min(config.threads, 2))
     keras.utils.set_random_seed(config.seed)
+    if config.strategy == "parameter_server":
+        from trainer import ps
+
+        ps.check_topology(tf_config)
+        return ps.run_chief(config, tf_config, meta, config.status_uri or ps.default_status_uri(config.model_dir))
 
     strategy = strategy or make_strategy(tf_config, config)
     workers = cluster_lib.num_workers(tf_config)
@@ -288,9 +309,7 @@ def run(config: TrainConfig, datasets: Any = None, strategy: Any = None) -> dict
     if not config.checkpoint_dir and os.path.isdir(backup_dir) and not os.listdir(backup_dir):
         os.rmdir(backup_dir)
     if chief:
-        with atomic_directory(config.model_dir) as tmp:
-            _save(model, image_shape, tmp, history)
-        log.info("chief wrote the model to %s", config.model_dir)
+        save_model(model, image_shape, config.model_dir, history)
     else:
         scratch = tempfile.mkdtemp(prefix="trainer-worker-")
         try:
@@ -318,6 +337,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: TensorFlow decides)")
     p.add_argument("--pack-bytes", type=int, default=0, help="all-reduce gradient packing: bytes per pack (0: TensorFlow decides)")
     p.add_argument("--validate", action="store_true", help="evaluate on the test split after every epoch (val_loss, val_accuracy in the history)")
+    p.add_argument("--strategy", default="multi_worker_mirrored", choices=STRATEGIES,
+                   help="multi_worker_mirrored (synchronous all-reduce, default) or parameter_server (chief + ps + workers)")
+    p.add_argument("--status-uri", default=None,
+                   help="parameter_server: the chief's status document that ps and workers poll (default: MODEL_DIR.status.json)")
+    p.add_argument("--chief-timeout", type=float, default=60.0,
+                   help="parameter_server: a ps or worker exits when the chief's heartbeat is older than this (default 60)")
     p.add_argument("--tf-config", default=None, help="TF_CONFIG JSON (default: the TF_CONFIG environment variable)")
     p.add_argument("--cluster-spec", default=None, help='instead of --tf-config: cluster JSON such as {"worker": ["h0:2222", "h1:2222"]}')
     p.add_argument("--worker-index", type=int, default=None, help="with --cluster-spec: this worker's index")
@@ -343,7 +368,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         data_dir=args.data, model_dir=args.model_dir, epochs=args.epochs, batch_size=args.batch_size,
         learning_rate=args.learning_rate, steps_per_epoch=args.steps_per_epoch, checkpoint_dir=args.checkpoint_dir,
         seed=args.seed, startup_timeout=args.startup_timeout, collective_timeout=args.collective_timeout, threads=args.threads,
-        pack_bytes=args.pack_bytes, validate=args.validate,
+        pack_bytes=args.pack_bytes, validate=args.validate, strategy=args.strategy, status_uri=args.status_uri,
+        chief_timeout=args.chief_timeout,
     )
 
 
@@ -356,9 +382,18 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["TF_CONFIG"] = json.dumps(tf_config)
         else:
             os.environ.pop("TF_CONFIG", None)
+        if config.strategy == "parameter_server" and tf_config and tf_config["task"]["type"] in ("ps", "worker"):
+            from trainer import ps
+
+            ps.check_topology(tf_config)
+            server_code.append(ps.run_server(tf_config, config.status_uri or ps.default_status_uri(config.model_dir),
+                                             config.startup_timeout, config.chief_timeout))
+            return
         run(config)
 
-    return run_cli(body)
+    server_code: list[int] = []
+    code = run_cli(body)
+    return code or (server_code[0] if server_code else 0)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,124 @@
+"""Parameter-server mode with real processes: chief + ps + workers, a killed worker, a killed chief."""
+
+import json
+import os
+import re
+import signal
+import sys
+import time
+
+import pytest
+
+from tests.test_faults import Streamed, _env
+from trainer import ps
+from trainer.cluster import build_tf_config, make_cluster
+from trainer.errors import EXIT_FAILED, EXIT_PEER_UNAVAILABLE
+from trainer.evaluate import run as evaluate
+from trainer.launch import free_ports
+
+
+def _processes_alive(pids):
+    alive = []
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+            alive.append(pid)
+        except ProcessLookupError:
+            pass
+    return alive
+
+
+@pytest.mark.slow
+def test_chief_ps_and_two_workers_train_and_all_exit_zero(sample_data, tmp_path):
+    launcher = Streamed([sys.executable, "-m", "trainer.launch", "--workers", "2", "--ps", "1", "--", "--data", sample_data,
+                         "--model-dir", str(tmp_path / "model"), "--epochs", "12"], _env())
+    try:
+        code = launcher.finish(400)
+    finally:
+        launcher.kill()
+    text = "\n".join(launcher.lines)
+    assert code == 0, text[-4000:]
+    for label in ("ps 0", "worker 0", "worker 1"):
+        assert re.search(rf"^\[{label}\] .*the chief finished successfully; exiting", text, re.M), label
+    pids = [int(p) for p in re.findall(r"server started at \S+ \(pid (\d+)\)", text)]
+    assert len(pids) == 3 and _processes_alive(pids) == [], "no process is left running"
+    history = json.loads((tmp_path / "model" / "history.json").read_text())
+    assert history["strategy"] == "parameter_server" and history["parameter_servers"] == 1 and history["workers"] == 2
+    assert evaluate(str(tmp_path / "model"), sample_data)["accuracy"] >= 0.95
+
+
+@pytest.mark.slow
+def test_killing_a_worker_mid_training_lets_the_chief_finish(sample_data, tmp_path):
+    launcher = Streamed([sys.executable, "-m", "trainer.launch", "--workers", "2", "--ps", "1", "--", "--data", sample_data,
+                         "--model-dir", str(tmp_path / "model"), "--epochs", "8"], _env())
+    try:
+        pid = int(launcher.wait_for(r"^\[worker 1\] .*server started at \S+ \(pid (\d+)\)", 120).group(1))
+        launcher.wait_for(r"^\[chief 0\] .*epoch 2:", 180)
+        os.kill(pid, signal.SIGKILL)
+        code = launcher.finish(400)
+    finally:
+        launcher.kill()
+    text = "\n".join(launcher.lines)
+    assert code == 0, text[-4000:]
+    assert "worker 1 exited with code 137; the others carry on" in text
+    assert re.search(r"^\[chief 0\] .*epoch 8:", text, re.M)
+    assert (tmp_path / "model" / "saved_model" / "saved_model.pb").is_file()
+
+
+@pytest.mark.slow
+def test_killing_the_chief_ends_ps_and_workers_within_the_timeout(sample_data, tmp_path):
+    ports = free_ports(4)
+    spec = make_cluster([f"localhost:{ports[1]}", f"localhost:{ports[2]}"], chief=f"localhost:{ports[0]}", ps=[f"localhost:{ports[3]}"])
+    status = str(tmp_path / "status.json")
+    common = ["--data", sample_data, "--model-dir", str(tmp_path / "model"), "--epochs", "30", "--strategy", "parameter_server",
+              "--status-uri", status, "--chief-timeout", "8"]
+    procs = {
+        (job, i): Streamed([sys.executable, "-m", "trainer.train", *common], _env({"TF_CONFIG": json.dumps(build_tf_config(spec, job, i))}))
+        for job, i in (("chief", 0), ("ps", 0), ("worker", 0), ("worker", 1))
+    }
+    try:
+        procs[("chief", 0)].wait_for(r"epoch 2:", 180)
+        procs[("chief", 0)].proc.kill()
+        killed_at = time.monotonic()
+        codes = {key: p.finish(60) for key, p in procs.items() if key[0] != "chief"}
+        elapsed = time.monotonic() - killed_at
+    finally:
+        for p in procs.values():
+            p.kill()
+    assert set(codes.values()) == {EXIT_PEER_UNAVAILABLE}, codes
+    assert elapsed < 8 + 15
+    for key in codes:
+        assert any("the chief's heartbeat" in line and "the chief vanished" in line for line in procs[key].lines), key
+    assert not (tmp_path / "model").exists()
+
+
+def test_status_states_decide_the_servers_exit_code(tmp_path):
+    uri = str(tmp_path / "status.json")
+    with ps.StatusPublisher(uri):
+        assert json.loads((tmp_path / "status.json").read_text())["state"] == "running"
+    assert ps.wait_for_chief(uri, 5, 30, "ps 0") == 0
+    with pytest.raises(RuntimeError), ps.StatusPublisher(uri):
+        raise RuntimeError("out of memory on the chief")
+    assert json.loads((tmp_path / "status.json").read_text()) | {"heartbeat": 0} == {
+        "state": "failed", "detail": "out of memory on the chief", "heartbeat": 0}
+    assert ps.wait_for_chief(uri, 5, 30, "ps 0") == EXIT_FAILED
+    assert ps.wait_for_chief(str(tmp_path / "never.json"), 1, 30, "worker 0") == EXIT_PEER_UNAVAILABLE
+    (tmp_path / "stale.json").write_text(json.dumps({"state": "running", "heartbeat": time.time() - 100}))
+    assert ps.wait_for_chief(str(tmp_path / "stale.json"), 5, 30, "worker 1") == EXIT_PEER_UNAVAILABLE
+
+
+def test_ps_task_under_the_mirrored_strategy_is_refused(sample_data, tmp_path, capsys):
+    from trainer import train
+
+    spec = make_cluster(["localhost:2", "localhost:3"], chief="localhost:1", ps=["localhost:4"])
+    code = train.main(["--data", sample_data, "--model-dir", str(tmp_path / "m"), "--tf-config", json.dumps(build_tf_config(spec, "chief", 0))])
+    assert code == 2
+    assert "TF_CONFIG has 'ps' tasks but the strategy is multi_worker_mirrored" in capsys.readouterr().err
+
+
+def test_parameter_server_needs_chief_ps_and_workers(sample_data, tmp_path, capsys):
+    from trainer import train
+
+    code = train.main(["--data", sample_data, "--model-dir", str(tmp_path / "m"), "--strategy", "parameter_server"])
+    assert code == 2
+    assert "parameter_server strategy needs a TF_CONFIG with one chief, at least one ps and at least one worker" in capsys.readouterr().err
