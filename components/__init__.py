@@ -15,9 +15,10 @@ from components.delete_cluster import delete_cluster
 from components.evaluate import evaluate
 from components.prepare_data import prepare_data
 from components.publish_model import publish_model
+from components.train_ps import train_chief, train_server
 from components.train_worker import train_worker
 
-FUNCTIONS = (prepare_data, create_cluster, train_worker, evaluate, publish_model, delete_cluster)
+FUNCTIONS = (prepare_data, create_cluster, train_worker, train_chief, train_server, evaluate, publish_model, delete_cluster)
 
 
 def build(image: str) -> SimpleNamespace:

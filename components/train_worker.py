@@ -47,13 +47,7 @@ def train_worker(
     with open(os.path.join(cluster.path, "cluster.json")) as f:
         cluster_spec = f.read()
     if cluster_mode == "kubernetes":
-        def join() -> None:
-            namespace = os.environ.get("POD_NAMESPACE", "")
-            k8s.label_own_pod(k8s.core_api(), namespace, os.environ.get("POD_NAME", ""), run_id, worker_index)
-            peers = [a for i, a in enumerate(json.loads(cluster_spec)["worker"]) if i != worker_index]
-            k8s.wait_for_names(peers, startup_timeout)
-
-        code = run_cli(join)
+        code = run_cli(lambda: k8s.join_cluster(json.loads(cluster_spec), "worker", worker_index, run_id, startup_timeout))
         if code:
             sys.exit(code)
     args = [

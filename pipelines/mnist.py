@@ -65,16 +65,56 @@ def _configure_worker(task: Any, pods: WorkerPodSettings) -> None:
     kubernetes.set_timeout(task, pods.timeout_seconds)
 
 
-def create_pipeline(image: str = DEFAULT_IMAGE, cache_training: bool = False, pods: WorkerPodSettings = WorkerPodSettings()) -> Any:
+STRATEGIES = ("multi_worker_mirrored", "parameter_server")
+
+
+def _evaluate_and_publish(ops: Any, prepared: Any, models: Any, cache_training: bool, run_id: str, p: "dict[str, Any]") -> None:
+    """evaluate, then the quality gate and the publish step: the same for both strategies."""
+    evaluation = ops.evaluate(dataset=prepared.outputs["dataset"], models=models, min_accuracy=p["min_accuracy"])
+    evaluation.set_display_name("evaluate").set_caching_options(cache_training)
+    with dsl.If(evaluation.outputs["Output"] >= p["min_accuracy"], name="quality gate"):
+        with dsl.If(p["publish_uri"] != "", name="publish location set"):
+            published = ops.publish_model(
+                model=evaluation.outputs["chief_model"], metrics=evaluation.outputs["metrics"], publish_uri=p["publish_uri"],
+                run_id=run_id, source=p["source"], num_workers=p["num_workers"], epochs=p["epochs"],
+                batch_size=p["batch_size"], learning_rate=p["learning_rate"])
+            published.set_display_name("publish model").set_caching_options(False)
+
+
+def _prepare_and_cluster(ops: Any, run_id: str, p: "dict[str, Any]", num_ps: Any = 0) -> "tuple[Any, Any]":
+    prepared = ops.prepare_data(source=p["source"], max_train_examples=p["max_train_examples"],
+                                max_test_examples=p["max_test_examples"], num_shards=p["num_shards"])
+    prepared.set_display_name("prepare data").set_caching_options(True)
+    cluster = ops.create_cluster(num_workers=p["num_workers"], run_id=run_id, cluster_mode=p["cluster_mode"], port=p["port"], num_ps=num_ps)
+    cluster.set_display_name("create cluster").set_caching_options(False)
+    _with_namespace_env(cluster)
+    return prepared, cluster
+
+
+def _cleanup(ops: Any, run_id: str, cluster_mode: Any) -> Any:
+    cleanup = ops.delete_cluster(run_id=run_id, cluster_mode=cluster_mode)
+    cleanup.set_display_name("delete cluster").set_caching_options(False)
+    _with_namespace_env(cleanup)
+    return cleanup
+
+
+def create_pipeline(image: str = DEFAULT_IMAGE, cache_training: bool = False, pods: WorkerPodSettings = WorkerPodSettings(),
+                    strategy: str = "multi_worker_mirrored") -> Any:
     """Builds the pipeline with every step running in `image`.
 
     Args:
         image: the container image of every executor (built from the project's Dockerfile).
         cache_training: let KFP reuse the results of training and evaluation; off by default so a scheduled
             retrain really retrains. Data preparation is always cacheable.
-        pods: resources, retries and timeout of the training worker pods.
+        pods: resources, retries and timeout of the training pods.
+        strategy: 'multi_worker_mirrored' (N identical workers, synchronous all-reduce) or 'parameter_server'
+            (a chief op, a ParallelFor of parameter-server and worker ops).
     """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy {strategy!r} is not allowed; allowed: {', '.join(STRATEGIES)}")
     ops = components.build(image)
+    if strategy == "parameter_server":
+        return _parameter_server_pipeline(ops, cache_training, pods)
 
     @dsl.pipeline(name=PIPELINE_NAME, description="Multi-worker TensorFlow training of a CNN on MNIST-format data: "
                   "prepare -> N workers (MultiWorkerMirroredStrategy) -> evaluate.")
@@ -95,17 +135,10 @@ def create_pipeline(image: str = DEFAULT_IMAGE, cache_training: bool = False, po
         min_accuracy: float = 0.95,
         publish_uri: str = "",
     ):
+        p = dict(locals())
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
-        cleanup = ops.delete_cluster(run_id=run_id, cluster_mode=cluster_mode)
-        cleanup.set_display_name("delete cluster").set_caching_options(False)
-        _with_namespace_env(cleanup)
-        with dsl.ExitHandler(cleanup, name="train and evaluate"):
-            prepared = ops.prepare_data(source=source, max_train_examples=max_train_examples,
-                                        max_test_examples=max_test_examples, num_shards=num_shards)
-            prepared.set_display_name("prepare data").set_caching_options(True)
-            cluster = ops.create_cluster(num_workers=num_workers, run_id=run_id, cluster_mode=cluster_mode, port=port)
-            cluster.set_display_name("create cluster").set_caching_options(False)
-            _with_namespace_env(cluster)
+        with dsl.ExitHandler(_cleanup(ops, run_id, cluster_mode), name="train and evaluate"):
+            prepared, cluster = _prepare_and_cluster(ops, run_id, p)
             with dsl.ParallelFor(cluster.outputs["Output"]) as worker_index:
                 worker = ops.train_worker(
                     dataset=prepared.outputs["dataset"], cluster=cluster.outputs["cluster"], worker_index=worker_index,
@@ -115,16 +148,50 @@ def create_pipeline(image: str = DEFAULT_IMAGE, cache_training: bool = False, po
                 )
                 worker.set_display_name("train worker").set_caching_options(cache_training)
                 _configure_worker(worker, pods)
-            evaluation = ops.evaluate(dataset=prepared.outputs["dataset"], models=dsl.Collected(worker.outputs["model"]),
-                                      min_accuracy=min_accuracy)
-            evaluation.set_display_name("evaluate").set_caching_options(cache_training)
-            with dsl.If(evaluation.outputs["Output"] >= min_accuracy, name="quality gate"):
-                with dsl.If(publish_uri != "", name="publish location set"):
-                    published = ops.publish_model(
-                        model=evaluation.outputs["chief_model"], metrics=evaluation.outputs["metrics"],
-                        publish_uri=publish_uri, run_id=run_id, source=source, num_workers=num_workers, epochs=epochs,
-                        batch_size=batch_size, learning_rate=learning_rate)
-                    published.set_display_name("publish model").set_caching_options(False)
+            _evaluate_and_publish(ops, prepared, dsl.Collected(worker.outputs["model"]), cache_training, run_id, p)
+
+    return mnist_pipeline
+
+
+def _parameter_server_pipeline(ops: Any, cache_training: bool, pods: WorkerPodSettings) -> Any:
+    @dsl.pipeline(name=PIPELINE_NAME, description="Parameter-server TensorFlow training of a CNN on MNIST-format data: "
+                  "prepare -> chief + parameter servers + workers (ParameterServerStrategy) -> evaluate.")
+    def mnist_pipeline(
+        status_uri: str,
+        source: str = "tfds:mnist",
+        num_workers: int = 2,
+        num_ps: int = 1,
+        epochs: int = 12,
+        batch_size: int = 64,
+        learning_rate: float = 0.001,
+        max_train_examples: int = 0,
+        max_test_examples: int = 0,
+        num_shards: int = 4,
+        cluster_mode: str = "kubernetes",
+        port: int = 2222,
+        startup_timeout: float = 600.0,
+        chief_timeout: float = 120.0,
+        min_accuracy: float = 0.95,
+        publish_uri: str = "",
+    ):
+        p = dict(locals())
+        run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
+        with dsl.ExitHandler(_cleanup(ops, run_id, cluster_mode), name="train and evaluate"):
+            prepared, cluster = _prepare_and_cluster(ops, run_id, p, num_ps=num_ps)
+            with dsl.ParallelFor([0], name="chief") as _:
+                chief = ops.train_chief(
+                    dataset=prepared.outputs["dataset"], cluster=cluster.outputs["cluster"], status_uri=status_uri, epochs=epochs,
+                    batch_size=batch_size, learning_rate=learning_rate, startup_timeout=startup_timeout, cluster_mode=cluster_mode,
+                    run_id=run_id)
+                chief.set_display_name("train chief").set_caching_options(cache_training)
+                _configure_worker(chief, pods)
+            with dsl.ParallelFor(cluster.outputs["Output"], name="parameter servers and workers") as task:
+                server = ops.train_server(
+                    dataset=prepared.outputs["dataset"], cluster=cluster.outputs["cluster"], task=task, status_uri=status_uri,
+                    startup_timeout=startup_timeout, chief_timeout=chief_timeout, cluster_mode=cluster_mode, run_id=run_id)
+                server.set_display_name("ps or worker").set_caching_options(False)
+                _configure_worker(server, pods)
+            _evaluate_and_publish(ops, prepared, dsl.Collected(chief.outputs["model"]), cache_training, run_id, p)
 
     return mnist_pipeline
 
@@ -132,13 +199,13 @@ def create_pipeline(image: str = DEFAULT_IMAGE, cache_training: bool = False, po
 mnist_pipeline = create_pipeline()
 
 
-def compile_pipeline(output: str, image: str = DEFAULT_IMAGE, cache_training: bool = False) -> str:
+def compile_pipeline(output: str, image: str = DEFAULT_IMAGE, cache_training: bool = False, strategy: str = "multi_worker_mirrored") -> str:
     """Writes the pipeline YAML to `output` (through a temporary file) and returns the path."""
     if not output.endswith((".yaml", ".yml")):
         raise ValueError(f"--output {output!r} must end with .yaml or .yml")
     tmp = f"{output}.tmp-{os.getpid()}.yaml"
     try:
-        compiler.Compiler().compile(create_pipeline(image, cache_training), package_path=tmp)
+        compiler.Compiler().compile(create_pipeline(image, cache_training, strategy=strategy), package_path=tmp)
         os.replace(tmp, output)
     finally:
         if os.path.exists(tmp):
@@ -204,6 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", default="mnist_pipeline.yaml", help="with --compile: the YAML path")
     p.add_argument("--image", default=DEFAULT_IMAGE, help=f"every executor's image (default {DEFAULT_IMAGE})")
     p.add_argument("--cache-training", action="store_true", help="allow caching of training and evaluation")
+    p.add_argument("--strategy", default="multi_worker_mirrored", choices=STRATEGIES,
+                   help="multi_worker_mirrored (default) or parameter_server (chief, ps and worker ops)")
     local = p.add_argument_group("--local")
     local.add_argument("--num-workers", type=int, default=2, help=f"workers (1 to {LOCAL_MAX_WORKERS})")
     local.add_argument("--epochs", type=int, default=12, help="training epochs")
@@ -272,7 +341,7 @@ def to_server(args: argparse.Namespace) -> int:
         start, end = _rfc3339("--start", args.start), _rfc3339("--end", args.end)
         token = _token(args)
         with tempfile.TemporaryDirectory() as tmp:
-            package = compile_pipeline(os.path.join(tmp, "pipeline.yaml"), args.image, args.cache_training)
+            package = compile_pipeline(os.path.join(tmp, "pipeline.yaml"), args.image, args.cache_training, args.strategy)
             params = deploy.typed_params(args.param, deploy.pipeline_parameters(package))
             try:
                 client = deploy.make_client(args.host, token, args.namespace)
@@ -313,13 +382,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.compile:
         started = time.monotonic()
         try:
-            compile_pipeline(args.output, args.image, args.cache_training)
+            compile_pipeline(args.output, args.image, args.cache_training, args.strategy)
         except (ValueError, OSError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
         print(f"wrote {args.output} (image {args.image}) in {time.monotonic() - started:.2f}s")
         return 0
     try:
+        if args.strategy == "parameter_server":
+            raise ValueError("--strategy parameter_server is not allowed with --local: kfp.local runs at most 2 ops at once, "
+                             "and a chief, a parameter server and a worker must all run together; use trainer-launch --ps N")
         check_local_workers(args.num_workers)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)

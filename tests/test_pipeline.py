@@ -223,3 +223,32 @@ def test_failed_quality_gate_publishes_nothing_and_the_run_succeeds(tmp_path):
     out = json.loads((Path(summary["run"]) / "evaluate" / "executor_output.json").read_text())
     assert out["artifacts"]["metrics"]["artifacts"][0]["metadata"]["passed_gate"] == 0
     assert "FAILED, not published" in Path(summary["report"]).read_text()
+
+
+def test_parameter_server_pipeline_has_chief_ps_and_worker_ops(tmp_path, spec):
+    result = _script("--compile", "--strategy", "parameter_server", "--output", str(tmp_path / "ps.yaml"), "--image", IMAGE)
+    assert result.returncode == 0, result.stderr
+    ps_spec = _load(tmp_path / "ps.yaml")
+    executors = ps_spec["deploymentSpec"]["executors"]
+    assert {"exec-train-chief", "exec-train-server"} <= set(executors) and "exec-train-worker" not in executors
+    assert {e["container"]["image"] for e in executors.values()} == {IMAGE}
+    params = ps_spec["root"]["inputDefinitions"]["parameters"]
+    assert params["num_ps"]["defaultValue"] == 1 and "status_uri" in params and "defaultValue" not in params["status_uri"]
+    tasks = _tasks(ps_spec)
+    assert tasks["create-cluster"]["inputs"]["parameters"]["num_ps"] == {"componentInputParameter": "pipelinechannel--num_ps"}
+    loops = {t["taskInfo"]["name"]: t for t in tasks.values() if "parameterIterator" in t}
+    assert loops["parameter servers and workers"]["parameterIterator"]["items"]["inputParameter"] == "pipelinechannel--create-cluster-Output"
+    assert loops["chief"]["parameterIterator"]["items"]["raw"] == "[0]"
+    assert tasks["evaluate"]["inputs"]["artifacts"]["models"]["taskOutputArtifact"]["producerTask"] == next(
+        name for name, t in tasks.items() if t["taskInfo"]["name"] == "chief")
+    server_inputs = ps_spec["components"]["comp-train-server"]["inputDefinitions"]["parameters"]
+    assert "ps:0" in server_inputs["task"]["description"]
+    # the default stays the mirrored pipeline
+    assert "exec-train-chief" not in spec["deploymentSpec"]["executors"] and "num_ps" not in spec["root"]["inputDefinitions"]["parameters"]
+
+
+def test_local_parameter_server_run_is_refused_with_the_reason(tmp_path):
+    result = _script("--local", "--strategy", "parameter_server", "--output-dir", str(tmp_path / "run"), timeout=60)
+    assert result.returncode == 2
+    assert "--strategy parameter_server is not allowed with --local: kfp.local runs at most 2 ops at once" in result.stderr
+    assert not (tmp_path / "run").exists()

@@ -187,3 +187,18 @@ def _resolves(host: str) -> bool:
         return True
     except socket.gaierror:
         return False
+
+
+def flat_index(spec: dict[str, list[str]], job: str, index: int) -> int:
+    """A task's position in chief + workers + ps order: the index of its Service."""
+    order = spec.get("chief", []) + spec.get("worker", []) + spec.get("ps", [])
+    return order.index(spec[job][index])
+
+
+def join_cluster(spec: dict[str, list[str]], job: str, index: int, run_id: str, timeout: float) -> None:
+    """In a pod: label it so its Service selects it, then wait until every peer's name resolves."""
+    import os
+
+    own = spec[job][index]
+    label_own_pod(core_api(), os.environ.get("POD_NAMESPACE", ""), os.environ.get("POD_NAME", ""), run_id, flat_index(spec, job, index))
+    wait_for_names([a for addresses in spec.values() for a in addresses if a != own], timeout)
