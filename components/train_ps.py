@@ -10,7 +10,7 @@ def train_chief(
     status_uri: str,
     epochs: int = 12,
     batch_size: int = 64,
-    learning_rate: float = 0.001,
+    learning_rate: float = 0.002,
     startup_timeout: float = 600.0,
     cluster_mode: str = "kubernetes",
     run_id: str = "",

@@ -10,7 +10,7 @@ def train_worker(
     model: Output[Model],
     epochs: int = 12,
     batch_size: int = 64,
-    learning_rate: float = 0.001,
+    learning_rate: float = 0.002,
     startup_timeout: float = 600.0,
     collective_timeout: float = 0.0,
     checkpoint_dir: str = "",
@@ -27,7 +27,7 @@ def train_worker(
             on the other workers, only worker.json saying which worker this was.
         epochs: passes over the training data.
         batch_size: examples per worker per step; the global batch is this times the number of workers.
-        learning_rate: Adam learning rate for one worker, scaled by sqrt(workers).
+        learning_rate: peak Adam learning rate for one worker, scaled by sqrt(workers), cosine-decayed over the run.
         startup_timeout: seconds to wait for every peer to join before failing with the missing peers' names.
         collective_timeout: seconds before one collective op fails; 0 (default) for none: a lost peer is detected
             by heartbeats anyway, and TF 2.21 leaks a thread per collective op when a timeout is set.

@@ -8,6 +8,9 @@ from tests.kfp_standin import KfpStandIn
 
 @pytest.fixture
 def kfp_server(httpserver):
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # the stand-in's own access log is not the CLI's output
     server = KfpStandIn()
     server.install(httpserver)
     return server

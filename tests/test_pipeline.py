@@ -108,7 +108,7 @@ def test_parameters_and_defaults(spec):
     assert defaults["source"] == "tfds:mnist"
     assert defaults["num_workers"] == 2 and params["num_workers"]["parameterType"] == "NUMBER_INTEGER"
     assert defaults["epochs"] == 12 and defaults["batch_size"] == 64
-    assert defaults["learning_rate"] == 0.001 and params["learning_rate"]["parameterType"] == "NUMBER_DOUBLE"
+    assert defaults["learning_rate"] == 0.002 and params["learning_rate"]["parameterType"] == "NUMBER_DOUBLE"
     assert defaults["cluster_mode"] == "kubernetes"
 
 

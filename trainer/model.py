@@ -5,8 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 
-def build_model(image_shape: tuple[int, int, int], num_classes: int, learning_rate: float) -> Any:
-    """A compiled CNN for `image_shape` inputs (float pixels 0-255) that outputs class probabilities."""
+def build_model(image_shape: tuple[int, int, int], num_classes: int, learning_rate: float, decay_steps: int = 0) -> Any:
+    """A compiled CNN for `image_shape` inputs (float pixels 0-255) that outputs class probabilities.
+
+    With `decay_steps`, the learning rate follows a cosine from `learning_rate` down to 5% of it over that many steps.
+    """
     import tf_keras as keras
 
     inputs = keras.Input(shape=image_shape, name="image")
@@ -21,7 +24,8 @@ def build_model(image_shape: tuple[int, int, int], num_classes: int, learning_ra
     outputs = keras.layers.Dense(num_classes, activation="softmax", name="probabilities")(x)
     model = keras.Model(inputs, outputs, name="cnn")
     model.compile(
-        optimizer=keras.optimizers.Adam(learning_rate=learning_rate),
+        optimizer=keras.optimizers.Adam(learning_rate=keras.optimizers.schedules.CosineDecay(learning_rate, decay_steps, alpha=0.05)
+                                        if decay_steps else learning_rate),
         loss="sparse_categorical_crossentropy",
         metrics=["accuracy"],
     )

@@ -43,7 +43,7 @@ class TrainConfig:
     model_dir: str
     epochs: int = 5
     batch_size: int = 64
-    learning_rate: float = 0.001
+    learning_rate: float = 0.002
     steps_per_epoch: int | None = None
     checkpoint_dir: str | None = None
     seed: int = 42
@@ -279,7 +279,7 @@ def run(config: TrainConfig, datasets: Any = None, strategy: Any = None) -> dict
     with strategy.scope():
         from trainer.model import build_model
 
-        model = build_model(image_shape, meta["num_classes"], config.learning_rate * workers ** 0.5)
+        model = build_model(image_shape, meta["num_classes"], config.learning_rate * workers ** 0.5, decay_steps=config.epochs * steps)
 
     throughput = ThroughputHistory(steps * global_batch)
     backup_dir = config.checkpoint_dir or f"{config.model_dir.rstrip('/')}.backup"
@@ -325,7 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-dir", required=True, help="where the chief writes saved_model/, model.keras and history.json")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=64, help="per-worker batch; the global batch is this x workers")
-    p.add_argument("--learning-rate", type=float, default=0.001, help="for one worker; scaled by sqrt(workers)")
+    p.add_argument("--learning-rate", type=float, default=0.002,
+                   help="peak Adam learning rate for one worker, scaled by sqrt(workers), cosine-decayed to 5%% over the run")
     p.add_argument("--steps-per-epoch", type=int, default=None, help="default: train examples // global batch")
     p.add_argument("--checkpoint-dir", default=None, help="BackupAndRestore directory shared by all workers (default: MODEL_DIR.backup)")
     p.add_argument("--seed", type=int, default=42)
