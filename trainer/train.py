@@ -143,8 +143,8 @@ def make_train_dataset(data_dir: str, meta: dict[str, Any], config: TrainConfig,
         return records.shuffle(buffer, seed=config.seed * 1000 + epoch, reshuffle_each_iteration=False).repeat().take(per_epoch)
 
     ds = tf.data.Dataset.range(config.epochs + 1).filter(lambda e: e >= start_epoch).flat_map(epoch_block)
-    ds = ds.map(lambda x, y: (tf.cast(x, tf.float32), y), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    ds = ds.batch(config.batch_size * workers, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    ds = ds.batch(config.batch_size * workers, drop_remainder=True)
+    ds = ds.map(lambda x, y: (tf.cast(x, tf.float32), y), num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     options.deterministic = True
