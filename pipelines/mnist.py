@@ -398,12 +398,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     result = run_local(args.num_workers, args.output_dir, args.epochs, args.source, args.min_accuracy, args.publish_uri)
     artifacts = find_artifacts(result["pipeline_root"])
-    out = sys.__stdout__  # kfp.local leaves sys.stdout wrapped in an indenting writer
-    print(f"\npipeline finished in {result['seconds']}s", file=out)
-    print(f"test accuracy: {artifacts['accuracy']:.4f}", file=out)
+    lines = [f"pipeline finished in {result['seconds']}s", f"test accuracy: {artifacts['accuracy']:.4f}"]
     for name in ("run", "model", "report", "publish"):
-        print(f"{name}: {artifacts.get(name, 'not found' if name != 'publish' else 'no publish step (gate failed or no --publish-uri)')}", file=out)
-    print(json.dumps(artifacts), file=out, flush=True)
+        lines.append(f"{name}: {artifacts.get(name, 'not found' if name != 'publish' else 'no publish step (gate failed or no --publish-uri)')}")
+    lines.append(json.dumps(artifacts))
+    # sys.stdout.write, not print: kfp.local leaves builtins.print patched to indent every line
+    sys.stdout.write("\n" + "\n".join(lines) + "\n")
+    sys.stdout.flush()
     return 0
 
 

@@ -168,7 +168,7 @@ def test_local_pipeline_end_to_end(tmp_path):
     result = _script("--local", "--num-workers", "2", "--output-dir", str(tmp_path / "run"), "--publish-uri", str(published))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])
-    printed = re.search(r"test accuracy: ([0-9.]+)\n", result.stdout)
+    printed = re.search(r"^test accuracy: ([0-9.]+)$", result.stdout, re.M)
     assert printed, result.stdout[-2000:]
     accuracy = float(printed.group(1))
     assert accuracy == summary["accuracy"] >= 0.96
