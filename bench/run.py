@@ -148,10 +148,11 @@ def plot(results, path):
     labels = list(rows)
     values = [rows[k]["examples_per_second"] for k in labels]
     fig, ax = plt.subplots(figsize=(8, 3.6), dpi=100)
-    bars = ax.bar(labels, values, color=["#888"] + ["#2a7"] * (len(labels) - 1))
-    for bar, value in zip(bars, values, strict=True):
-        ax.text(bar.get_x() + bar.get_width() / 2, value, f"{value:.0f}", ha="center", va="bottom")
-    ax.set_ylabel("training examples/s")
+    bars = ax.barh(labels[::-1], values[::-1], color=(["#2a7"] * (len(labels) - 1) + ["#888"]))
+    for bar, value in zip(bars, values[::-1], strict=True):
+        ax.text(value, bar.get_y() + bar.get_height() / 2, f" {value:.0f}", va="center")
+    ax.set_xlabel("training examples/s")
+    ax.set_xlim(0, max(values) * 1.15)
     ax.set_title(f"{results['dataset']} on {results['machine']['cores']} cores ({results['mode']} run)")
     fig.tight_layout()
     fig.savefig(path)

@@ -13,6 +13,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -29,6 +30,7 @@ from trainer.errors import EXIT_BAD_INPUT, RETRYABLE_EXIT_CODES, UsageError
 log = logging.getLogger(__name__)
 
 MAX_LOCAL_WORKERS = 16
+_UNCAUGHT = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -67,7 +69,7 @@ def local_topology(workers: int, ps: int) -> dict[str, list[str]]:
 def _pump(label: str, stream: IO[bytes], last_error: dict[str, str]) -> None:
     for raw in iter(stream.readline, b""):
         line = raw.decode(errors="replace").rstrip("\n")
-        if line.startswith("error:"):
+        if line.startswith("error:") or _UNCAUGHT.match(line):
             last_error[label] = line
         sys.stdout.write(f"[{label}] {line}\n")
         sys.stdout.flush()

@@ -306,8 +306,11 @@ def run(config: TrainConfig, datasets: Any = None, strategy: Any = None) -> dict
         "class_names": meta["class_names"],
         "image_shape": list(image_shape),
     }
-    if not config.checkpoint_dir and os.path.isdir(backup_dir) and not os.listdir(backup_dir):
-        os.rmdir(backup_dir)
+    if not config.checkpoint_dir:
+        try:
+            os.rmdir(backup_dir)  # empty after a successful run; workers sharing it race to remove it
+        except OSError:
+            pass
     if chief:
         save_model(model, image_shape, config.model_dir, history)
     else:
