@@ -32,6 +32,7 @@ def create_cluster(
 
     from trainer import k8s
     from trainer.cli import setup_logging
+    from trainer.cluster import assign_addresses
     from trainer.errors import KubernetesError, UsageError
     from trainer.launch import local_cluster
 
@@ -51,11 +52,10 @@ def create_cluster(
     except (UsageError, KubernetesError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2 if isinstance(err, UsageError) else 1)
+    spec = assign_addresses(addresses, num_workers, num_ps)
     if num_ps:
-        spec = {"chief": addresses[:1], "worker": addresses[1:num_workers + 1], "ps": addresses[num_workers + 1:]}
         items = [f"worker:{i}" for i in range(num_workers)] + [f"ps:{i}" for i in range(num_ps)]
     else:
-        spec = {"worker": addresses}
         items = list(range(num_workers))
     os.makedirs(cluster.path, exist_ok=True)
     with open(os.path.join(cluster.path, "cluster.json"), "w") as f:

@@ -80,3 +80,13 @@ def test_malformed_tf_config(text, message):
     with pytest.raises(UsageError) as err:
         parse_tf_config(text)
     assert message in str(err.value)
+
+
+def test_addresses_are_assigned_chief_workers_ps_and_read_back_in_that_order():
+    from trainer.cluster import assign_addresses, task_order
+
+    addresses = ["h0:1", "h1:1", "h2:1", "h3:1"]
+    assert assign_addresses(addresses, 4) == {"worker": addresses}
+    spec = assign_addresses(addresses, 2, 1)
+    assert spec == {"chief": ["h0:1"], "worker": ["h1:1", "h2:1"], "ps": ["h3:1"]}
+    assert task_order(spec) == addresses

@@ -50,6 +50,18 @@ def make_cluster(workers: Sequence[str], chief: str | None = None, ps: Sequence[
     return validate_cluster(cluster)
 
 
+def assign_addresses(addresses: Sequence[str], num_workers: int, num_ps: int = 0) -> dict[str, list[str]]:
+    """A cluster spec from addresses listed in `task_order`: without ps all are workers, else chief, workers, ps."""
+    if not num_ps:
+        return {"worker": list(addresses[:num_workers])}
+    return {"chief": list(addresses[:1]), "worker": list(addresses[1:num_workers + 1]), "ps": list(addresses[num_workers + 1:num_workers + 1 + num_ps])}
+
+
+def task_order(cluster: Mapping[str, Sequence[str]]) -> list[str]:
+    """Every address in chief, worker, ps order: the order `assign_addresses` reads them in."""
+    return [*cluster.get("chief", []), *cluster.get("worker", []), *cluster.get("ps", [])]
+
+
 def validate_cluster(cluster: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
     """Checks a cluster spec and returns it as plain lists.
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 import socket
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from trainer.cluster import split_address
+from trainer.cluster import split_address, task_order
 from trainer.errors import KubernetesError, PeerUnavailableError, UsageError
 
 log = logging.getLogger(__name__)
@@ -191,14 +192,11 @@ def _resolves(host: str) -> bool:
 
 def flat_index(spec: dict[str, list[str]], job: str, index: int) -> int:
     """A task's position in chief + workers + ps order: the index of its Service."""
-    order = spec.get("chief", []) + spec.get("worker", []) + spec.get("ps", [])
-    return order.index(spec[job][index])
+    return task_order(spec).index(spec[job][index])
 
 
 def join_cluster(spec: dict[str, list[str]], job: str, index: int, run_id: str, timeout: float) -> None:
     """In a pod: label it so its Service selects it, then wait until every peer's name resolves."""
-    import os
-
     own = spec[job][index]
     label_own_pod(core_api(), os.environ.get("POD_NAMESPACE", ""), os.environ.get("POD_NAME", ""), run_id, flat_index(spec, job, index))
     wait_for_names([a for addresses in spec.values() for a in addresses if a != own], timeout)

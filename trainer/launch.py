@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import IO
 
 from trainer.cli import setup_logging
-from trainer.cluster import build_tf_config
+from trainer.cluster import assign_addresses, build_tf_config
 from trainer.errors import EXIT_BAD_INPUT, RETRYABLE_EXIT_CODES, UsageError
 
 log = logging.getLogger(__name__)
@@ -62,8 +62,7 @@ def local_topology(workers: int, ps: int) -> dict[str, list[str]]:
     total = workers + ps + 1
     if not 1 <= workers or total > MAX_LOCAL_WORKERS:
         raise UsageError(f"chief + {ps} ps + {workers} workers is not allowed; allowed: at least 1 worker, at most {MAX_LOCAL_WORKERS} processes")
-    addresses = [f"localhost:{port}" for port in free_ports(total)]
-    return {"chief": addresses[:1], "worker": addresses[1:workers + 1], "ps": addresses[workers + 1:]}
+    return assign_addresses([f"localhost:{port}" for port in free_ports(total)], workers, ps)
 
 
 def _pump(label: str, stream: IO[bytes], last_error: dict[str, str]) -> None:

@@ -155,6 +155,7 @@ def run_chief(config: Any, tf_config: dict[str, Any], meta: dict[str, Any], stat
     return history
 
 
-def default_status_uri(model_dir: str) -> str:
-    return f"{model_dir.rstrip('/')}.status.json"
+def status_uri(config: Any) -> str:
+    """`--status-uri`, or MODEL_DIR.status.json beside the model when not given."""
+    return config.status_uri or f"{config.model_dir.rstrip('/')}.status.json"
 

@@ -262,7 +262,7 @@ def run(config: TrainConfig, datasets: Any = None, strategy: Any = None) -> dict
         from trainer import ps
 
         ps.check_topology(tf_config)
-        return ps.run_chief(config, tf_config, meta, config.status_uri or ps.default_status_uri(config.model_dir))
+        return ps.run_chief(config, tf_config, meta, ps.status_uri(config))
 
     strategy = strategy or make_strategy(tf_config, config)
     workers = cluster_lib.num_workers(tf_config)
@@ -270,11 +270,12 @@ def run(config: TrainConfig, datasets: Any = None, strategy: Any = None) -> dict
     train_examples = meta["splits"]["train"]["num_examples"]
     steps = config.steps_per_epoch or max(1, train_examples // global_batch)
     image_shape = tuple(meta["image_shape"])
+    rank = cluster_lib.worker_rank(tf_config)
     resume = ResumeEpoch(steps)
     if datasets is not None:
         train_ds = datasets
     else:
-        train_ds = make_train_dataset(config.data_dir, meta, config, steps, workers, cluster_lib.worker_rank(tf_config), resume.variable)
+        train_ds = make_train_dataset(config.data_dir, meta, config, steps, workers, rank, resume.variable)
 
     with strategy.scope():
         from trainer.model import build_model
@@ -289,7 +290,7 @@ def run(config: TrainConfig, datasets: Any = None, strategy: Any = None) -> dict
     validation: dict[str, Any] = {}
     if config.validate:
         verify_split(config.data_dir, meta, "test")
-        validation = {"validation_data": make_eval_dataset(config.data_dir, meta, global_batch, workers, cluster_lib.worker_rank(tf_config)),
+        validation = {"validation_data": make_eval_dataset(config.data_dir, meta, global_batch, workers, rank),
                       "validation_steps": max(1, meta["splits"]["test"]["num_examples"] // global_batch)}
     try:
         model.fit(train_ds, epochs=config.epochs, steps_per_epoch=steps, callbacks=callbacks, verbose=0, **validation)
@@ -390,8 +391,7 @@ def main(argv: list[str] | None = None) -> int:
             from trainer import ps
 
             ps.check_topology(tf_config)
-            server_code.append(ps.run_server(tf_config, config.status_uri or ps.default_status_uri(config.model_dir),
-                                             config.startup_timeout, config.chief_timeout))
+            server_code.append(ps.run_server(tf_config, ps.status_uri(config), config.startup_timeout, config.chief_timeout))
             return
         run(config)
 
