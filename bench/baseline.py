@@ -18,6 +18,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--learning-rate", type=float, default=0.001)
+    parser.add_argument("--examples", type=int, default=0, help="train on the first N examples only (0: all)")
     args = parser.parse_args()
 
     import tf_keras as keras
@@ -26,6 +27,8 @@ def main() -> None:
     from trainer.records import read_arrays
 
     images, labels, meta = read_arrays(args.data, "train")
+    if args.examples:
+        images, labels = images[:args.examples], labels[:args.examples]
     x = images.astype("float32")
     keras.utils.set_random_seed(42)
     model = build_model(tuple(meta["image_shape"]), meta["num_classes"], args.learning_rate)

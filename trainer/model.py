@@ -1,4 +1,4 @@
-"""The small CNN and its serving signature. tf-keras (Keras 2): Keras 3 `fit` fails under MultiWorkerMirroredStrategy."""
+"""The CNN and its serving signature. tf-keras (Keras 2): Keras 3 `fit` fails under MultiWorkerMirroredStrategy."""
 
 from __future__ import annotations
 
@@ -8,19 +8,24 @@ from typing import Any
 def build_model(image_shape: tuple[int, int, int], num_classes: int, learning_rate: float, decay_steps: int = 0) -> Any:
     """A compiled CNN for `image_shape` inputs (float pixels 0-255) that outputs class probabilities.
 
+    Two blocks of two 3x3 convolutions (24 then 48 filters, padded) each followed by 2x2 max-pooling, then dropout,
+    a 128-unit layer and dropout; sized to pass 0.92 test accuracy on Fashion-MNIST within 5 epochs at global batch 128
+    on 2 CPU cores (docs/benchmarks.md).
+
     With `decay_steps`, the learning rate follows a cosine from `learning_rate` down to 5% of it over that many steps.
     """
     import tf_keras as keras
 
     inputs = keras.Input(shape=image_shape, name="image")
     x = keras.layers.Rescaling(1.0 / 255)(inputs)
-    x = keras.layers.Conv2D(32, 3, activation="relu")(x)
-    x = keras.layers.MaxPooling2D()(x)
-    x = keras.layers.Conv2D(64, 3, activation="relu")(x)
-    x = keras.layers.MaxPooling2D()(x)
+    for filters in (24, 48):
+        x = keras.layers.Conv2D(filters, 3, padding="same", activation="relu")(x)
+        x = keras.layers.Conv2D(filters, 3, padding="same", activation="relu")(x)
+        x = keras.layers.MaxPooling2D()(x)
     x = keras.layers.Flatten()(x)
-    x = keras.layers.Dropout(0.3)(x)
+    x = keras.layers.Dropout(0.4)(x)
     x = keras.layers.Dense(128, activation="relu")(x)
+    x = keras.layers.Dropout(0.3)(x)
     outputs = keras.layers.Dense(num_classes, activation="softmax", name="probabilities")(x)
     model = keras.Model(inputs, outputs, name="cnn")
     model.compile(

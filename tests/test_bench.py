@@ -1,0 +1,75 @@
+"""The benchmark's own arithmetic, and the published results: generated from the recorded run, meeting issue #7's goals."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_run", ROOT / "bench" / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _results(mode):
+    return json.loads((RESULTS / f"{mode}.json").read_text())
+
+
+def test_flop_count_matches_the_layers_counted_by_hand(bench):
+    meta = {"image_shape": [28, 28, 1], "num_classes": 10}
+    multiply_adds = (28 * 28 * 24 * 9 * 1 + 28 * 28 * 24 * 9 * 24  # block 1: two padded 3x3 convolutions at 28x28
+                     + 14 * 14 * 48 * 9 * 24 + 14 * 14 * 48 * 9 * 48  # block 2 at 14x14
+                     + 7 * 7 * 48 * 128 + 128 * 10)  # dense layers
+    assert bench.model_train_flops_per_example(meta) == 3 * 2 * multiply_adds
+
+
+def _synthetic(two_workers, accuracy, overhead):
+    return {
+        "mode": "full",
+        "throughput": {"baseline": {"examples_per_second": 1000.0}, "1 worker": {"examples_per_second": 990.0},
+                       "2 workers": {"examples_per_second": two_workers}},
+        "input_pipeline_examples_per_second": 50_000.0,
+        "time_to_accuracy": {"final_accuracy": accuracy},
+        "pipeline": {"overhead_seconds": overhead, "compile_seconds": 0.6},
+        "bench_seconds": 21 * 60,
+    }
+
+
+def test_goals_are_judged_from_the_measured_values(bench):
+    met = bench.goals_met(_synthetic(two_workers=810.0, accuracy=0.9199, overhead=30.0))
+    verdicts = {goal: ok for goal, (_, ok) in met.items()}
+    assert verdicts == {
+        "1 worker ≥ 0.95× the plain single-process baseline": True,
+        "2 workers on this machine ≥ 0.8× the baseline": True,
+        "input pipeline ≥ 10× training throughput": True,
+        "Fashion-MNIST ≥ 0.92 test accuracy within 5 epochs": False,
+        "local pipeline overhead ≤ 30 s": True,
+        "compile ≤ 3 s": True,
+        "`make bench` ≤ 20 minutes": False,
+    }
+    assert met["2 workers on this machine ≥ 0.8× the baseline"][0] == pytest.approx(0.81)
+    assert met["input pipeline ≥ 10× training throughput"][0] == pytest.approx(50_000 / 990)
+    below = bench.goals_met(_synthetic(two_workers=790.0, accuracy=0.93, overhead=30.5))
+    assert not below["2 workers on this machine ≥ 0.8× the baseline"][1]
+    assert not below["local pipeline overhead ≤ 30 s"][1]
+    assert below["Fashion-MNIST ≥ 0.92 test accuracy within 5 epochs"][1]
+
+
+@pytest.mark.parametrize(("mode", "page"), [("full", ROOT / "docs" / "benchmarks.md"), ("quick", RESULTS / "quick.md")])
+def test_published_tables_are_generated_from_the_recorded_run(bench, mode, page):
+    assert page.read_text() == bench.markdown(_results(mode))
+
+
+def test_the_recorded_full_run_measured_every_goal_and_the_accuracy_goal_holds(bench):
+    results = _results("full")
+    met = bench.goals_met(results)
+    assert len(met) == len(bench.GOALS) + 1, "every goal, and the run time, was measured"
+    assert met["Fashion-MNIST ≥ 0.92 test accuracy within 5 epochs"] == (results["time_to_accuracy"]["final_accuracy"], True)
+    assert results["machine"]["cores"] >= 2
