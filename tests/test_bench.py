@@ -27,7 +27,7 @@ def test_flop_count_matches_the_layers_counted_by_hand(bench):
     multiply_adds = (28 * 28 * 24 * 9 * 1 + 28 * 28 * 24 * 9 * 24  # block 1: two padded 3x3 convolutions at 28x28
                      + 14 * 14 * 48 * 9 * 24 + 14 * 14 * 48 * 9 * 48  # block 2 at 14x14
                      + 7 * 7 * 48 * 128 + 128 * 10)  # dense layers
-    assert bench.model_train_flops_per_example(meta) == 3 * 2 * multiply_adds
+    assert bench.model_train_flops_per_example(bench.bench_model(meta)) == 3 * 2 * multiply_adds
 
 
 def _synthetic(two_workers, accuracy, overhead):
