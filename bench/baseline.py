@@ -19,6 +19,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--learning-rate", type=float, default=0.001)
     parser.add_argument("--examples", type=int, default=0, help="train on the first N examples only (0: all)")
+    parser.add_argument("--steps-per-execution", type=int, default=1, help="Keras compile option (default 1, Keras' own default)")
     args = parser.parse_args()
 
     import tf_keras as keras
@@ -31,7 +32,7 @@ def main() -> None:
         images, labels = images[:args.examples], labels[:args.examples]
     x = images.astype("float32")
     keras.utils.set_random_seed(42)
-    model = build_model(tuple(meta["image_shape"]), meta["num_classes"], args.learning_rate)
+    model = build_model(tuple(meta["image_shape"]), meta["num_classes"], args.learning_rate, steps_per_execution=args.steps_per_execution)
     times = []
 
     class Timer(keras.callbacks.Callback):

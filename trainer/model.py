@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 
-def build_model(image_shape: tuple[int, int, int], num_classes: int, learning_rate: float, decay_steps: int = 0) -> Any:
+def build_model(image_shape: tuple[int, int, int], num_classes: int, learning_rate: float, decay_steps: int = 0,
+                steps_per_execution: int = 1) -> Any:
     """A compiled CNN for `image_shape` inputs (float pixels 0-255) that outputs class probabilities.
 
     Two blocks of two 3x3 convolutions (24 then 48 filters, padded) each followed by 2x2 max-pooling, then dropout,
@@ -13,6 +14,7 @@ def build_model(image_shape: tuple[int, int, int], num_classes: int, learning_ra
     on 2 CPU cores (docs/benchmarks.md).
 
     With `decay_steps`, the learning rate follows a cosine from `learning_rate` down to 5% of it over that many steps.
+    `steps_per_execution` steps run inside one call of the compiled training function (Keras' `compile` option).
     """
     import tf_keras as keras
 
@@ -33,6 +35,7 @@ def build_model(image_shape: tuple[int, int, int], num_classes: int, learning_ra
                                         if decay_steps else learning_rate),
         loss="sparse_categorical_crossentropy",
         metrics=["accuracy"],
+        steps_per_execution=steps_per_execution,
     )
     return model
 

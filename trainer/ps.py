@@ -104,7 +104,7 @@ def run_server(tf_config: dict[str, Any], status_uri: str, startup_timeout: floa
     return wait_for_chief(status_uri, startup_timeout, chief_timeout, what)
 
 
-def make_dataset_creator(data_dir: str, meta: dict[str, Any], batch_size: int, seed: int) -> Any:
+def make_dataset_creator(data_dir: str, meta: dict[str, Any], batch_size: int, seed: int, shuffle_buffer: int) -> Any:
     import tensorflow as tf
     import tf_keras as keras
 
@@ -116,7 +116,7 @@ def make_dataset_creator(data_dir: str, meta: dict[str, Any], batch_size: int, s
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         ds = tf.data.TFRecordDataset(files).map(decode_fn(shape))
         ds = ds.shard(context.num_input_pipelines, context.input_pipeline_id).cache()
-        ds = ds.shuffle(10_000, seed=seed).repeat().map(lambda x, y: (tf.cast(x, tf.float32), y))
+        ds = ds.shuffle(shuffle_buffer, seed=seed).repeat().map(lambda x, y: (tf.cast(x, tf.float32), y))
         return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
     return keras.utils.experimental.DatasetCreator(dataset_fn)
@@ -143,7 +143,7 @@ def run_chief(config: Any, tf_config: dict[str, Any], meta: dict[str, Any], stat
         log.info("chief: %d epochs x %d steps of %d examples over %d workers and %d parameter servers", config.epochs, steps,
                  config.batch_size, workers, len(tf_config["cluster"]["ps"]))
         try:
-            model.fit(make_dataset_creator(config.data_dir, meta, config.batch_size, config.seed), epochs=config.epochs,
+            model.fit(make_dataset_creator(config.data_dir, meta, config.batch_size, config.seed, config.shuffle_buffer), epochs=config.epochs,
                       steps_per_epoch=steps, callbacks=[throughput.callback], verbose=0)
         except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as err:
             raise PeerUnavailableError(f"lost a parameter server during training: {err.message.strip().splitlines()[0][:300]}") from None
