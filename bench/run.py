@@ -253,8 +253,8 @@ def markdown(results):
         "batch 64 per worker unless stated, examples/s averaged over the epochs after the first; the baseline, 1 worker and "
         f"2 workers ran {r['repeats']} time(s) in turn and the median run is shown (all samples in the JSON). The trainer runs "
         f"{r['steps_per_execution']} steps per call of its compiled step function (its default `--steps-per-execution`); the baseline "
-        "is plain Keras with its default of 1, and the row below it gives plain Keras the same setting. All numbers come from this "
-        "one run on this one machine.",
+        f"is plain Keras with its default of 1, and the row \"baseline, steps_per_execution {r['steps_per_execution']}\" gives plain Keras "
+        "the same setting. All numbers come from this one run on this one machine.",
         "",
         "## Goals",
         "",
@@ -377,7 +377,7 @@ def main() -> None:
     }, repeats=results["repeats"])
     from trainer.train import TrainConfig
 
-    results["steps_per_execution"] = spe = TrainConfig(data_dir="unused", model_dir="unused").steps_per_execution
+    results["steps_per_execution"] = spe = TrainConfig.steps_per_execution
     throughput[f"baseline, steps_per_execution {spe}"] = baseline_run(data, epochs, examples, spe)
     throughput["3 workers"] = train_run(data, work, "w3", 3, epochs, examples=examples)
     if not args.quick:

@@ -345,10 +345,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--learning-rate", type=float, default=0.002,
                    help="peak Adam learning rate for one worker, scaled by sqrt(workers), cosine-decayed to 5%% over the run")
     p.add_argument("--steps-per-epoch", type=int, default=None, help="default: train examples // global batch")
-    p.add_argument("--shuffle-buffer", type=int, default=10_000, help="examples in the shuffle buffer (default 10,000)")
-    p.add_argument("--steps-per-execution", type=int, default=32,
-                   help="training steps per call of the compiled step function (default 32; fewer Python round trips and "
-                        "per-call synchronisations between workers, docs/benchmarks.md)")
+    p.add_argument("--shuffle-buffer", type=int, default=TrainConfig.shuffle_buffer, help="examples in the shuffle buffer (default %(default)s)")
+    p.add_argument("--steps-per-execution", type=int, default=TrainConfig.steps_per_execution,
+                   help="training steps per call of the compiled step function (default %(default)s; fewer Python round trips "
+                        "and per-call synchronisations between workers, docs/benchmarks.md)")
     p.add_argument("--checkpoint-dir", default=None, help="BackupAndRestore directory shared by all workers (default: MODEL_DIR.backup)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--startup-timeout", type=float, default=120.0, help="seconds to wait for every peer to join (default 120)")
