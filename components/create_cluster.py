@@ -1,64 +1,55 @@
-"""The `create_cluster` step: the run's worker addresses and the list of indices the workers fan out over."""
+"""The cluster steps: give every training task of the run an address, and take the addresses back at the end."""
+
 
 from kfp.dsl import Artifact, Output
 
 
-def create_cluster(
-    num_workers: int,
-    cluster: Output[Artifact],
-    run_id: str = "",
-    cluster_mode: str = "kubernetes",
-    port: int = 2222,
-    num_ps: int = 0,
-) -> list:
-    """Generates the cluster spec that every training worker turns into its TF_CONFIG.
+def create_cluster(cluster: Output[Artifact], run_id: str, num_workers: int, cluster_mode: str, port: int) -> list[int]:
+    """Gives each MultiWorkerMirroredStrategy worker of the run an address every other worker can reach.
 
     Args:
-        num_workers: how many training workers to run (each becomes one ParallelFor iteration).
-        cluster: cluster.json, such as {"worker": ["host0:2222", "host1:2222"]}; its metadata lists the addresses.
-        run_id: the pipeline run's id; Service names are derived from it.
-        cluster_mode: 'kubernetes' creates one headless Service per worker in this pod's namespace (names stable
-            for the run); 'local' picks free loopback ports (kfp.local runs).
-        port: the TF gRPC port each worker listens on in kubernetes mode.
-        num_ps: parameter servers; above 0 the cluster is one chief, num_workers workers and num_ps parameter servers.
+        cluster: cluster.json: the cluster spec every worker turns into its TF_CONFIG, and its supervisors' addresses.
+        run_id: the pipeline run's id; the Kubernetes Services are named from it.
 
     Returns:
-        The items of the ParallelFor: worker indices [0, 1, ..., num_workers - 1]; with parameter servers, the
-        server tasks ["worker:0", ..., "ps:0", ...] (the chief runs in its own op).
+        The worker indices [0, 1, ..., num_workers - 1]: the items of the training ParallelFor.
     """
-    import json
-    import os
-    import sys
+    from trainer import steps
+    from trainer.cli import run_step
 
-    from trainer import k8s
-    from trainer.cli import setup_logging
-    from trainer.cluster import assign_addresses
-    from trainer.errors import KubernetesError, UsageError
-    from trainer.launch import local_cluster
+    record = run_step(steps.create_cluster, output_dir=cluster.path, run_id=run_id, num_workers=num_workers,
+                      cluster_mode=cluster_mode, port=port)
+    cluster.metadata.update(record)
+    return list(range(num_workers))
 
-    setup_logging()
-    try:
-        if num_ps < 0:
-            raise UsageError(f"num_ps {num_ps} is not allowed; allowed: 0 (mirrored) or more")
-        tasks = num_workers + (num_ps + 1 if num_ps else 0)
-        if cluster_mode == "local":
-            addresses = local_cluster(tasks)
-        elif cluster_mode == "kubernetes":
-            namespace = os.environ.get("POD_NAMESPACE", "")
-            k8s.check_workers(tasks)
-            addresses = k8s.create_services(k8s.core_api(), namespace, run_id, tasks, port)
-        else:
-            raise UsageError(f"cluster_mode {cluster_mode!r} is not allowed; allowed: kubernetes, local")
-    except (UsageError, KubernetesError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2 if isinstance(err, UsageError) else 1)
-    spec = assign_addresses(addresses, num_workers, num_ps)
-    if num_ps:
-        items = [f"worker:{i}" for i in range(num_workers)] + [f"ps:{i}" for i in range(num_ps)]
-    else:
-        items = list(range(num_workers))
-    os.makedirs(cluster.path, exist_ok=True)
-    with open(os.path.join(cluster.path, "cluster.json"), "w") as f:
-        json.dump(spec, f)
-    cluster.metadata.update({"cluster": spec, "mode": cluster_mode})
-    return items
+
+def create_ps_cluster(cluster: Output[Artifact], run_id: str, num_workers: int, num_ps: int, cluster_mode: str,
+                      port: int) -> list[str]:
+    """Gives the chief, each parameter server and each worker of the run an address.
+
+    Args:
+        cluster: cluster.json with the chief, worker and ps addresses.
+        run_id: the pipeline run's id; the Kubernetes Services are named from it.
+
+    Returns:
+        The server tasks ['worker:0', ..., 'ps:0', ...]: the items of the ParallelFor beside the chief.
+    """
+    from trainer import steps
+    from trainer.cli import run_step
+
+    record = run_step(steps.create_cluster, output_dir=cluster.path, run_id=run_id, num_workers=num_workers,
+                      cluster_mode=cluster_mode, port=port, num_ps=num_ps)
+    cluster.metadata.update(record)
+    return [f"worker:{i}" for i in range(num_workers)] + [f"ps:{i}" for i in range(num_ps)]
+
+
+def delete_cluster(run_id: str, cluster_mode: str):
+    """Deletes every Service of the run after training, whether it succeeded or failed; twice, or nothing, is fine.
+
+    Args:
+        run_id: the pipeline run's id, as given to create_cluster.
+    """
+    from trainer import steps
+    from trainer.cli import run_step
+
+    run_step(steps.delete_cluster, run_id=run_id, cluster_mode=cluster_mode)

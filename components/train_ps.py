@@ -3,93 +3,44 @@
 from kfp.dsl import Artifact, Dataset, Input, Model, Output
 
 
-def train_chief(
-    dataset: Input[Dataset],
-    cluster: Input[Artifact],
-    model: Output[Model],
-    status_uri: str,
-    epochs: int = 12,
-    batch_size: int = 64,
-    learning_rate: float = 0.002,
-    startup_timeout: float = 600.0,
-    cluster_mode: str = "kubernetes",
-    run_id: str = "",
-):
+def train_chief(dataset: Input[Dataset], cluster: Input[Artifact], model: Output[Model], run_id: str, status_uri: str,
+                epochs: int, batch_size: int, learning_rate: float, startup_timeout: float, cluster_mode: str):
     """Coordinates ParameterServerStrategy training and writes the model; publishes the job's status for the servers.
 
     Args:
         dataset: the prepared dataset from prepare_data.
-        cluster: the run's cluster.json (chief, worker and ps addresses) from create_cluster.
+        cluster: the run's cluster.json (chief, worker and ps addresses) from create_ps_cluster.
         model: saved_model/ (serving signature on raw uint8 images), model.keras and history.json.
-        status_uri: a tf.io.gfile path every ps and worker can read (a bucket path on a cluster); the chief writes its
-            state and heartbeat there, and the servers exit when it says the job is over.
-        epochs: passes over the training data.
-        batch_size: examples per step; each step runs on one worker.
-        learning_rate: Adam learning rate.
-        startup_timeout: seconds to wait for the parameter servers before failing with their names.
-        cluster_mode: 'kubernetes' labels this pod for its Service and waits for the peers' names; 'local' does not.
-        run_id: the pipeline run's id, as given to create_cluster.
+        run_id: the pipeline run's id, as given to create_ps_cluster.
+        status_uri: a tf.io.gfile path every ps and worker can read (a bucket path on a cluster); the chief writes
+            its state and heartbeat there, and the servers exit when it says the job is over.
     """
-    import json
-    import os
-    import sys
+    from trainer import steps
+    from trainer.cli import run_step
 
-    from trainer import k8s, train
-    from trainer.cli import run_cli
-    from trainer.cluster import build_tf_config
-
-    with open(os.path.join(cluster.path, "cluster.json")) as f:
-        spec = json.load(f)
-    if cluster_mode == "kubernetes":
-        code = run_cli(lambda: k8s.join_cluster(spec, "chief", 0, run_id, startup_timeout))
-        if code:
-            sys.exit(code)
-    code = train.main(["--data", dataset.path, "--model-dir", model.path, "--strategy", "parameter_server", "--status-uri", status_uri,
-                       "--tf-config", json.dumps(build_tf_config(spec, "chief", 0)), "--epochs", str(epochs),
-                       "--batch-size", str(batch_size), "--learning-rate", str(learning_rate), "--startup-timeout", str(startup_timeout)])
-    if code:
-        sys.exit(code)
-    model.metadata.update({"chief": True, "strategy": "parameter_server"})
+    model.metadata.update(run_step(
+        steps.train_task, dataset=dataset.path, cluster_dir=cluster.path, job="chief", index=0, model_dir=model.path,
+        run_id=run_id, strategy="parameter_server", status_uri=status_uri, epochs=epochs, batch_size=batch_size,
+        learning_rate=learning_rate, startup_timeout=startup_timeout, cluster_mode=cluster_mode))
 
 
-def train_server(
-    dataset: Input[Dataset],
-    cluster: Input[Artifact],
-    task: str,
-    status_uri: str,
-    startup_timeout: float = 600.0,
-    chief_timeout: float = 120.0,
-    cluster_mode: str = "kubernetes",
-    run_id: str = "",
-):
+def train_server(dataset: Input[Dataset], cluster: Input[Artifact], task: str, run_id: str, status_uri: str,
+                 startup_timeout: float, chief_timeout: float, cluster_mode: str):
     """Runs one parameter server or worker until the chief's status says the job is over.
 
     Args:
         dataset: the prepared dataset (workers read their share of it).
-        cluster: the run's cluster.json from create_cluster.
+        cluster: the run's cluster.json from create_ps_cluster.
         task: this op's task, such as 'ps:0' or 'worker:1'.
+        run_id: the pipeline run's id, as given to create_ps_cluster.
         status_uri: the chief's status document; succeeded -> exit 0, failed -> exit 1, stale heartbeat -> exit 138.
-        startup_timeout: seconds to wait for the chief's first status.
-        chief_timeout: a heartbeat older than this means the chief vanished.
-        cluster_mode: 'kubernetes' labels this pod for its Service and waits for the peers' names; 'local' does not.
-        run_id: the pipeline run's id, as given to create_cluster.
     """
-    import json
-    import os
-    import sys
     import tempfile
 
-    from trainer import k8s, train
-    from trainer.cli import run_cli
-    from trainer.cluster import build_tf_config
+    from trainer import steps
+    from trainer.cli import run_step
 
     job, _, index = task.partition(":")
-    with open(os.path.join(cluster.path, "cluster.json")) as f:
-        spec = json.load(f)
-    if cluster_mode == "kubernetes":
-        code = run_cli(lambda: k8s.join_cluster(spec, job, int(index), run_id, startup_timeout))
-        if code:
-            sys.exit(code)
-    sys.exit(train.main(["--data", dataset.path, "--model-dir", tempfile.mkdtemp(), "--strategy", "parameter_server",
-                         "--status-uri", status_uri, "--tf-config", json.dumps(build_tf_config(spec, job, int(index))),
-                         "--startup-timeout", str(startup_timeout), "--chief-timeout", str(chief_timeout)]))
+    run_step(steps.train_task, dataset=dataset.path, cluster_dir=cluster.path, job=job, index=int(index),
+             model_dir=tempfile.mkdtemp(), run_id=run_id, strategy="parameter_server", status_uri=status_uri,
+             startup_timeout=startup_timeout, chief_timeout=chief_timeout, cluster_mode=cluster_mode)

@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from trainer.errors import ServiceError
+
 _CRON_DESCRIPTORS = {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
 _CRON_FIELDS = (
     ("second", 0, 59, ()),
@@ -25,8 +27,8 @@ _CRON_FIELDS = (
 _DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 
 
-class DeployError(Exception):
-    """A one-line reason the upload, run or schedule cannot go ahead."""
+class DeployError(ServiceError):
+    """A one-line reason the upload, run or schedule cannot go ahead (the server refused or could not be reached)."""
 
 
 def check_cron(cron: str) -> str:
@@ -69,6 +71,12 @@ def parse_duration(text: str) -> int:
     if seconds < 60:
         raise DeployError(f"duration {text!r} is {seconds}s; allowed: at least 60s")
     return seconds
+
+
+def pipeline_name(package_path: str) -> str:
+    """The name a compiled pipeline declares (`pipelineInfo.name`)."""
+    with open(package_path) as f:
+        return next(yaml.safe_load_all(f))["pipelineInfo"]["name"]
 
 
 def pipeline_parameters(package_path: str) -> dict[str, dict[str, Any]]:
@@ -209,3 +217,4 @@ def schedule(client: Any, host: str, experiment: str, job_name: str, pipeline_id
         pipeline_id=pipeline_id, version_id=version_id, params=params, cron_expression=cron, interval_second=interval_seconds,
         max_concurrency=max_concurrency, no_catchup=no_catchup, start_time=start_time, end_time=end_time, enabled=True)
     return recurring.recurring_run_id
+

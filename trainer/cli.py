@@ -1,13 +1,21 @@
-"""What every entry point shares: logging set-up and turning known failures into one line and an exit code."""
+"""What every entry point shares: logging set-up and the exit-code contract (`trainer.errors`).
+
+`run_cli` runs a CLI's body and `run_step` a pipeline step's; both turn a known failure into one `error:` line on
+stderr and its exit code, and an unexpected one into its traceback followed by an `error:` line and exit 1.
+"""
 
 from __future__ import annotations
 
 import logging
 import sys
+import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
-from trainer.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_PEER_UNAVAILABLE, KubernetesError, PeerUnavailableError, UsageError
+from trainer.errors import EXIT_FAILED, PeerUnavailableError, ServiceError, StartupTimeoutError, TaskFailedError, UsageError, exit_code
+
+T = TypeVar("T")
+_KNOWN = (UsageError, PeerUnavailableError, StartupTimeoutError, ServiceError)
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -29,18 +37,35 @@ def setup_logging(prefix: str = "") -> None:
     logging.getLogger("tensorflow").setLevel(logging.WARNING)
 
 
+def report(error: BaseException) -> int:
+    """Writes the one `error:` line for `error` (after its traceback when it is unexpected); returns its exit code.
+
+    A failed training process has written its own line already, so its failure adds none.
+    """
+    if isinstance(error, TaskFailedError):
+        return error.code
+    if not isinstance(error, _KNOWN):
+        traceback.print_exception(error, file=sys.stderr)
+        print(f"error: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    return exit_code(error)
+
+
 def run_cli(body: Callable[[], Any], prefix: str = "") -> int:
-    """Runs `body`; bad input exits 2 and a lost peer 138 (retryable), each with one line on stderr."""
+    """Runs a CLI's `body` under the exit-code contract and returns the code (0 on success)."""
     setup_logging(prefix)
     try:
-        body()
-    except UsageError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except PeerUnavailableError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_PEER_UNAVAILABLE
-    except KubernetesError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_FAILED
-    return 0
+        result = body()
+    except Exception as error:  # noqa: BLE001 - every failure gets the contract's line and code
+        return report(error)
+    return result if isinstance(result, int) else 0
+
+
+def run_step(body: Callable[..., T], **kwargs: Any) -> T:
+    """Runs a pipeline step's `body(**kwargs)`; on failure exits the process with the contract's code."""
+    setup_logging()
+    try:
+        return body(**kwargs)
+    except Exception as error:  # noqa: BLE001 - every failure gets the contract's line and code
+        sys.exit(report(error))

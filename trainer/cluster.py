@@ -1,6 +1,7 @@
 """TF_CONFIG as a pure function of the cluster, the task type and the task index.
 
-No TensorFlow import: the pipeline's cluster step and the local launcher use this without paying for it.
+No TensorFlow import at module level: the pipeline's cluster step and the local launcher use this without paying
+for it; only `cluster_resolver` imports TensorFlow, for the runners.
 The chief rule is TensorFlow's: the `chief` task if the cluster has one, else worker 0.
 """
 
@@ -171,3 +172,12 @@ def worker_rank(tf_config: Mapping[str, Any] | None) -> int:
     if task["type"] == "chief":
         return 0
     return task["index"] + (1 if has_chief else 0)
+
+
+def cluster_resolver(tf_config: dict[str, Any]) -> Any:
+    """A cluster resolver for this task, built from `tf_config` (TensorFlow's own resolver reads the environment)."""
+    import tensorflow as tf
+
+    task = tf_config["task"]
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(tf_config["cluster"]), task_type=task["type"], task_id=task["index"], rpc_layer="grpc")

@@ -1,13 +1,23 @@
-"""Exceptions and exit codes shared by every command-line entry point.
+"""Exceptions and the one exit-code contract of every command-line entry point and pipeline step.
 
-Exit codes follow the convention Kubeflow's TFJob `ExitCode` restart policy reads: codes it treats as
-retryable (130, 137, 138, 143) mean "run me again and I may succeed", everything else is permanent.
+| code | meaning                                                        | retry helps |
+| ---- | -------------------------------------------------------------- | ----------- |
+| 0    | success                                                        |             |
+| 1    | anything else (a Kubernetes call refused, an unexpected error) | no          |
+| 2    | bad input: one `error:` line names the value and what is allowed | no        |
+| 137  | the start-up watchdog fired: a peer never joined               | yes         |
+| 138  | a peer was lost during training                                | yes         |
+| 143  | stopped by SIGTERM                                             | yes         |
+
+The retryable codes are the ones Kubeflow's TFJob `ExitCode` restart policy treats as retryable.
 """
 
-EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_STARTUP_TIMEOUT = 137
 EXIT_PEER_UNAVAILABLE = 138
-RETRYABLE_EXIT_CODES = frozenset({130, 137, 138, 143})
+EXIT_TERMINATED = 143
+RETRYABLE_EXIT_CODES = frozenset({130, EXIT_STARTUP_TIMEOUT, EXIT_PEER_UNAVAILABLE, EXIT_TERMINATED})
 
 
 class UsageError(ValueError):
@@ -18,5 +28,34 @@ class PeerUnavailableError(RuntimeError):
     """A cluster peer could not be reached or vanished. Retryable: a restart may find it."""
 
 
-class KubernetesError(RuntimeError):
+class StartupTimeoutError(RuntimeError):
+    """The cluster did not form within the start-up timeout. Retryable: the missing peer may come later."""
+
+
+class ServiceError(RuntimeError):
+    """A remote service (the Kubernetes API, a KFP server, object storage) refused a call or could not be reached."""
+
+
+class KubernetesError(ServiceError):
     """A Kubernetes API call failed; the message names the verb, resource and namespace."""
+
+
+class TaskFailedError(RuntimeError):
+    """A supervised training process failed with `code`; it has written its own `error:` line."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"the training process exited with code {code}")
+        self.code = code
+
+
+def exit_code(error: BaseException) -> int:
+    """The contract's exit code for an exception raised by a step or a CLI."""
+    if isinstance(error, TaskFailedError):
+        return error.code
+    if isinstance(error, UsageError):
+        return EXIT_BAD_INPUT
+    if isinstance(error, PeerUnavailableError):
+        return EXIT_PEER_UNAVAILABLE
+    if isinstance(error, StartupTimeoutError):
+        return EXIT_STARTUP_TIMEOUT
+    return EXIT_FAILED

@@ -16,8 +16,9 @@ import numpy as np
 from trainer.atomic import exists, write_json
 from trainer.cli import run_cli
 from trainer.errors import UsageError
+from trainer.export import SAVED_MODEL_DIR
+from trainer.flags import Parser
 from trainer.records import read_arrays
-from trainer.train import SAVED_MODEL_DIR
 
 log = logging.getLogger(__name__)
 
@@ -87,11 +88,11 @@ def run(model_dir: str, data_dir: str, output: str | None = None, split: str = "
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="trainer-evaluate", description="Evaluate an exported SavedModel on a prepared dataset's held-out split.")
+    p = Parser(prog="trainer-evaluate", description="Evaluate an exported SavedModel on a prepared dataset's held-out split.")
     p.add_argument("--model-dir", required=True, help="directory the trainer wrote (or a SavedModel directory)")
     p.add_argument("--data", required=True, help="prepared dataset directory")
     p.add_argument("--output", default=None, help="metrics JSON path (written atomically)")
-    p.add_argument("--split", default="test")
+    p.add_argument("--split", default="test", help="the split to evaluate (default: test)")
     return p
 
 

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from trainer.cluster import split_address, task_order
+from trainer.config import MAX_WORKERS
 from trainer.errors import KubernetesError, PeerUnavailableError, UsageError
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ RUN_LABEL = "tf-multiworker.kubeflow.org/run"
 INDEX_LABEL = "tf-multiworker.kubeflow.org/worker-index"
 RUN_ID_LABEL = "pipelines.kubeflow.org/run-id"
 DEFAULT_PORT = 2222
-MAX_WORKERS = 64
+NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
@@ -50,14 +51,38 @@ def worker_addresses(run_id: str, num_workers: int, namespace: str, port: int = 
     return [f"{service_name(run_id, i)}.{namespace}.svc:{port}" for i in range(num_workers)]
 
 
+def namespace() -> str:
+    """This pod's namespace: `POD_NAMESPACE` (downward API), else the service account's namespace file."""
+    if os.environ.get("POD_NAMESPACE"):
+        return os.environ["POD_NAMESPACE"]
+    try:
+        with open(NAMESPACE_FILE) as f:
+            return f.read().strip()
+    except OSError:
+        raise UsageError("POD_NAMESPACE is not set and this is not a pod (no service-account namespace file); "
+                         "the pipeline sets it through the downward API (metadata.namespace)") from None
+
+
+def pod_name() -> str:
+    """This pod's name: `POD_NAME` (downward API), else the host name, which Kubernetes sets to the pod's name."""
+    return os.environ.get("POD_NAME") or socket.gethostname()
+
+
+def control_address(address: str) -> str:
+    """The supervisor's control address beside a task's TF address: the same host, the next port."""
+    host, port = split_address(address)
+    return f"{host}:{port + 1}"
+
+
 def check_workers(num_workers: int) -> None:
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or not 1 <= num_workers <= MAX_WORKERS:
         raise UsageError(f"num_workers {num_workers!r} is not allowed; allowed: 1 to {MAX_WORKERS}")
 
 
 def check_port(port: int) -> None:
-    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-        raise UsageError(f"port {port!r} is not allowed; allowed: an integer from 1 to 65535")
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65534:
+        raise UsageError(f"port {port!r} is not allowed; allowed: an integer from 1 to 65534 (the next port is the "
+                         "supervisor's control port)")
 
 
 def run_labels(run_id: str) -> dict[str, str]:
@@ -162,7 +187,7 @@ def label_own_pod(api: Any, namespace: str, pod_name: str, run_id: str, index: i
     from kubernetes.client.exceptions import ApiException
 
     if not pod_name:
-        raise UsageError("POD_NAME is empty; the worker op sets it through the downward API (metadata.name)")
+        raise UsageError("the pod name is empty; the worker op sets POD_NAME through the downward API (metadata.name)")
     try:
         api.patch_namespaced_pod(pod_name, namespace, {"metadata": {"labels": pod_labels(run_id, index)}})
     except ApiException as err:
@@ -198,5 +223,5 @@ def flat_index(spec: dict[str, list[str]], job: str, index: int) -> int:
 def join_cluster(spec: dict[str, list[str]], job: str, index: int, run_id: str, timeout: float) -> None:
     """In a pod: label it so its Service selects it, then wait until every peer's name resolves."""
     own = spec[job][index]
-    label_own_pod(core_api(), os.environ.get("POD_NAMESPACE", ""), os.environ.get("POD_NAME", ""), run_id, flat_index(spec, job, index))
+    label_own_pod(core_api(), namespace(), pod_name(), run_id, flat_index(spec, job, index))
     wait_for_names([a for addresses in spec.values() for a in addresses if a != own], timeout)

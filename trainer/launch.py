@@ -2,9 +2,11 @@
 
     trainer-launch --workers 2 -- --data /tmp/mnist --model-dir /tmp/model --epochs 5
 
-Picks N free loopback ports, builds one TF_CONFIG per worker with `trainer.cluster.build_tf_config`, starts the
-workers, prefixes every log line with the worker's index, and if any worker fails stops the others (SIGTERM, then
-SIGKILL after a grace period: a worker stuck joining the cluster ignores SIGTERM) and exits with that worker's code.
+Picks free loopback ports, builds one TF_CONFIG per worker with `trainer.cluster.build_tf_config`, starts one
+`trainer-train` per task (each supervises its own training process: start-up watchdog, prompt cancel, and with
+`--max-restarts N` restarts in place that all workers converge on), prefixes every log line with the task's name,
+and if any task fails for good stops the others (SIGTERM, then SIGKILL after a grace period) and exits with that
+task's code.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from typing import IO
 
 from trainer.cli import setup_logging
 from trainer.cluster import assign_addresses, build_tf_config
-from trainer.errors import EXIT_BAD_INPUT, RETRYABLE_EXIT_CODES, UsageError
+from trainer.errors import EXIT_BAD_INPUT, UsageError
+from trainer.train import CONTROL_ENV
 
 log = logging.getLogger(__name__)
 
@@ -53,16 +56,17 @@ def local_cluster(workers: int) -> list[str]:
     return [f"localhost:{port}" for port in free_ports(workers)]
 
 
-def local_topology(workers: int, ps: int) -> dict[str, list[str]]:
-    """Loopback addresses: `{"worker": [...]}`, or with parameter servers `{"chief", "worker", "ps"}`."""
-    if not ps:
-        return {"worker": local_cluster(workers)}
-    if not 1 <= ps <= MAX_LOCAL_WORKERS:
+def local_topology(workers: int, ps: int) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """Loopback addresses for the TF servers and for the supervisors' control channels, shaped alike:
+    `{"worker": [...]}`, or with parameter servers `{"chief", "worker", "ps"}`."""
+    if ps and not 1 <= ps <= MAX_LOCAL_WORKERS:
         raise UsageError(f"ps {ps} is not allowed; allowed: 0 (mirrored) or 1 to {MAX_LOCAL_WORKERS}")
-    total = workers + ps + 1
-    if not 1 <= workers or total > MAX_LOCAL_WORKERS:
-        raise UsageError(f"chief + {ps} ps + {workers} workers is not allowed; allowed: at least 1 worker, at most {MAX_LOCAL_WORKERS} processes")
-    return assign_addresses([f"localhost:{port}" for port in free_ports(total)], workers, ps)
+    total = workers + ps + 1 if ps else workers
+    if not 1 <= workers <= MAX_LOCAL_WORKERS or total > MAX_LOCAL_WORKERS:
+        what = f"chief + {ps} ps + {workers} workers" if ps else f"workers {workers}"
+        raise UsageError(f"{what} is not allowed; allowed: 1 to {MAX_LOCAL_WORKERS} processes")
+    addresses = [f"localhost:{port}" for port in free_ports(2 * total)]
+    return assign_addresses(addresses[:total], workers, ps), assign_addresses(addresses[total:], workers, ps)
 
 
 def _pump(label: str, stream: IO[bytes], last_error: dict[str, str]) -> None:
@@ -78,9 +82,10 @@ class WorkerGroup:
     """Starts and supervises one process per task of a cluster (`{"worker": [...]}` or chief + ps + workers)."""
 
     def __init__(self, command: Sequence[str], cluster: dict[str, list[str]], grace: float, tolerate: Sequence[str] = (),
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, control: dict[str, list[str]] | None = None) -> None:
         self.command = list(command)
         self.cluster = cluster
+        self.control = control
         self.tasks = [(job, index) for job, addresses in cluster.items() for index in range(len(addresses))]
         self.labels = [f"{job} {index}" for job, index in self.tasks]
         self.tolerate = set(tolerate)
@@ -96,6 +101,8 @@ class WorkerGroup:
         for (job, index), label in zip(self.tasks, self.labels, strict=True):
             env = dict(self.env)
             env["TF_CONFIG"] = json.dumps(build_tf_config(self.cluster, job, index))
+            if self.control:
+                env[CONTROL_ENV] = json.dumps(self.control)
             env.setdefault("TF_NUM_INTRAOP_THREADS", str(threads))
             env.setdefault("TF_NUM_INTEROP_THREADS", "2")
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -160,15 +167,15 @@ def _shell_code(code: int) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trainer-launch", description="Run N trainer workers on this machine with a generated TF_CONFIG each.",
-                                usage="trainer-launch --workers N [--grace S] -- TRAINING_ARGS...")
+                                usage="trainer-launch --workers N [--ps P] [--max-restarts R] [--grace S] -- TRAINING_ARGS...")
     p.add_argument("--workers", type=int, required=True, help=f"number of worker processes (1 to {MAX_LOCAL_WORKERS})")
     p.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL when stopping workers")
     p.add_argument("--ps", type=int, default=0,
                    help="parameter servers; with N > 0 runs chief + N ps + --workers workers under ParameterServerStrategy")
     p.add_argument("--max-restarts", type=int, default=0,
-                   help="restart all workers up to N times after a retryable failure (a lost peer, a killed worker); "
-                        "with a shared --checkpoint-dir they resume from the last finished epoch")
-    p.add_argument("--module", default="trainer.train", help=argparse.SUPPRESS)
+                   help="each worker restarts its training process in place up to N times after a retryable failure "
+                        "(a lost peer, a killed worker); all workers restart together and resume from the last "
+                        "finished epoch")
     return p
 
 
@@ -178,46 +185,35 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(own)
     setup_logging("launch ")
     try:
-        cluster = local_topology(args.workers, args.ps)
+        if args.max_restarts < 0:
+            raise UsageError(f"max restarts {args.max_restarts} is not allowed; allowed: 0 or more")
+        cluster, control = local_topology(args.workers, args.ps)
     except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.max_restarts < 0:
-        print(f"error: max restarts {args.max_restarts} is not allowed; allowed: 0 or more", file=sys.stderr)
-        return EXIT_BAD_INPUT
     if args.ps and "--strategy" not in rest:
         rest = [*rest, "--strategy", "parameter_server"]
-    tolerate = ("worker",) if args.ps else ()
-    group: WorkerGroup | None = None
+    if args.max_restarts:
+        rest = [*rest, "--max-restarts", str(args.max_restarts)]
+    group = WorkerGroup([sys.executable, "-m", "trainer.train", *rest], cluster, args.grace,
+                        tolerate=("worker",) if args.ps else (), control=control)
 
     def interrupted(signum: int, frame: object) -> None:
-        if group is not None:
-            group.stop()
+        group.stop()
         sys.exit(128 + signum)
 
     previous = {s: signal.signal(s, interrupted) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        for attempt in range(args.max_restarts + 1):
-            if attempt:
-                cluster = local_topology(args.workers, args.ps)
-                log.info("restart %d of %d: starting %s", attempt, args.max_restarts, json.dumps(cluster))
-            else:
-                log.info("starting %s", json.dumps(cluster))
-            group = WorkerGroup([sys.executable, "-m", args.module, *rest], cluster, args.grace, tolerate)
-            group.start()
-            code, label = group.wait()
-            if label is None:
-                break
-            detail = group.last_error.get(label, "no error line")
-            print(f"error: {label} failed with exit code {code}: {detail}", file=sys.stderr)
-            if code not in RETRYABLE_EXIT_CODES:
-                return code
-        else:
-            return code
+        log.info("starting %s", json.dumps(cluster))
+        group.start()
+        code, label = group.wait()
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    log.info("all %d processes finished", len(group.tasks) if group else 0)
+    if label is not None:
+        print(f"error: {label} failed with exit code {code}: {group.last_error.get(label, 'no error line')}", file=sys.stderr)
+        return code
+    log.info("all %d processes finished", len(group.tasks))
     return 0
 
 

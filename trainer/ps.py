@@ -17,11 +17,17 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from trainer import cluster as cluster_lib
-from trainer.atomic import exists, read_json, write_json
-from trainer.errors import EXIT_FAILED, EXIT_PEER_UNAVAILABLE, PeerUnavailableError, UsageError
+from trainer.atomic import check_writable_parent, exists, read_json, write_json
+from trainer.callbacks import ThroughputHistory
+from trainer.config import TrainConfig
+from trainer.errors import PeerUnavailableError, UsageError
+from trainer.export import history_record, save_model
+from trainer.inputs import ps_dataset_creator
+from trainer.records import load_metadata, verify_split
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +70,17 @@ class StatusPublisher:
         self._write()
 
 
-def wait_for_chief(uri: str, startup_timeout: float, chief_timeout: float, what: str) -> int:
-    """A server's side: polls the chief's status; returns the exit code this server should end with."""
+class ChiefFailedError(RuntimeError):
+    """The chief reported that training failed (exit 1: its own error line says why)."""
+
+
+def wait_for_chief(uri: str, startup_timeout: float, chief_timeout: float, what: str) -> None:
+    """A server's side: polls the chief's status until it says the job is over.
+
+    Raises:
+        PeerUnavailableError: no status within `startup_timeout`, or a heartbeat older than `chief_timeout`.
+        ChiefFailedError: the chief reported a failure.
+    """
     started = time.monotonic()
     while True:
         status = None
@@ -76,86 +91,82 @@ def wait_for_chief(uri: str, startup_timeout: float, chief_timeout: float, what:
                 status = None
         if status is None:
             if time.monotonic() - started > startup_timeout:
-                print(f"error: {what}: the chief published no status at {uri} within {startup_timeout:g}s", flush=True)
-                return EXIT_PEER_UNAVAILABLE
+                raise PeerUnavailableError(f"{what}: the chief published no status at {uri} within {startup_timeout:g}s")
         elif status["state"] == "succeeded":
             log.info("%s: the chief finished successfully; exiting", what)
-            return 0
+            return
         elif status["state"] == "failed":
-            print(f"error: {what}: the chief failed: {status.get('detail', '')}", flush=True)
-            return EXIT_FAILED
+            raise ChiefFailedError(f"{what}: the chief failed: {status.get('detail', '')}")
         elif time.time() - status["heartbeat"] > chief_timeout:
             age = time.time() - status["heartbeat"]
-            print(f"error: {what}: the chief's heartbeat at {uri} is {age:.0f}s old (limit {chief_timeout:g}s); the chief vanished",
-                  flush=True)
-            return EXIT_PEER_UNAVAILABLE
+            raise PeerUnavailableError(f"{what}: the chief's heartbeat at {uri} is {age:.0f}s old "
+                                       f"(limit {chief_timeout:g}s); the chief vanished")
         time.sleep(POLL_INTERVAL)
 
 
-def run_server(tf_config: dict[str, Any], status_uri: str, startup_timeout: float, chief_timeout: float) -> int:
-    """Runs this ps or worker task's server until the chief's status says the job is over."""
+def run_server(config: TrainConfig, tf_config: dict[str, Any], on_started: Callable[[], None] | None = None) -> None:
+    """Runs this ps or worker task's server until the chief's status says the job is over (see `wait_for_chief`)."""
     import tensorflow as tf
 
     task = tf_config["task"]
     what = f"{task['type']} {task['index']}"
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    tf.distribute.Server(resolver.cluster_spec(), job_name=task["type"], task_index=task["index"], protocol="grpc", start=True)
+    tf.distribute.Server(tf.train.ClusterSpec(tf_config["cluster"]), job_name=task["type"], task_index=task["index"],
+                         protocol="grpc", start=True)
+    if on_started:
+        on_started()
     log.info("%s: server started at %s (pid %d); waiting for the chief", what, cluster_lib.own_address(tf_config), os.getpid())
-    return wait_for_chief(status_uri, startup_timeout, chief_timeout, what)
+    wait_for_chief(status_uri(config), config.cluster.startup_timeout, config.cluster.chief_timeout, what)
 
 
-def make_dataset_creator(data_dir: str, meta: dict[str, Any], batch_size: int, seed: int, shuffle_buffer: int) -> Any:
-    import tensorflow as tf
-    import tf_keras as keras
+def run(config: TrainConfig, tf_config: dict[str, Any], *, datasets: Any = None, strategy: Any = None,
+        on_formed: Callable[[], None] | None = None) -> dict[str, Any]:
+    """The chief: coordinates training under ParameterServerStrategy and exports the model like the mirrored runner.
 
-    from trainer.records import decode_fn, shard_paths
+    Args:
+        config: the checked training configuration.
+        tf_config: the chief's TF_CONFIG as a dict, with chief, ps and worker jobs.
+        datasets: optional `DatasetCreator` (or dataset function) for the workers; by default the prepared shards.
+        strategy: optional ParameterServerStrategy; by default one built from `tf_config`.
+        on_formed: called once the strategy is connected to the parameter servers and workers.
 
-    files = shard_paths(data_dir, meta, "train")
-    shape = tuple(meta["image_shape"])
-
-    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        ds = tf.data.TFRecordDataset(files).map(decode_fn(shape))
-        ds = ds.shard(context.num_input_pipelines, context.input_pipeline_id).cache()
-        ds = ds.shuffle(shuffle_buffer, seed=seed).repeat().map(lambda x, y: (tf.cast(x, tf.float32), y))
-        return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
-
-    return keras.utils.experimental.DatasetCreator(dataset_fn)
-
-
-def run_chief(config: Any, tf_config: dict[str, Any], meta: dict[str, Any], status_uri: str) -> dict[str, Any]:
-    """Coordinates training under ParameterServerStrategy and exports the model like the mirrored path."""
+    Returns:
+        The training history (also written to `history.json`).
+    """
     import tensorflow as tf
 
     from trainer.model import build_model
-    from trainer.train import ThroughputHistory, save_model
-    from trainer.watchdog import StartupWatchdog
 
-    with StatusPublisher(status_uri):
-        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-        with StartupWatchdog(tf_config, config.startup_timeout, what="connecting to the parameter servers"):
-            strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    check_topology(tf_config)
+    runtime = config.runtime
+    meta = load_metadata(runtime.data_dir)
+    verify_split(runtime.data_dir, meta, "train")
+    check_writable_parent(runtime.model_dir)
+    with StatusPublisher(status_uri(config)):
+        if strategy is None:
+            strategy = tf.distribute.experimental.ParameterServerStrategy(cluster_lib.cluster_resolver(tf_config))
+        if on_formed:
+            on_formed()
         workers = len(tf_config["cluster"]["worker"])
-        steps = config.steps_per_epoch or max(1, meta["splits"]["train"]["num_examples"] // config.batch_size)
+        batch_size = config.optim.batch_size
+        steps = config.optim.steps_per_epoch or max(1, meta["splits"]["train"]["num_examples"] // batch_size)
         image_shape = tuple(meta["image_shape"])
         with strategy.scope():
-            model = build_model(image_shape, meta["num_classes"], config.learning_rate)
-        throughput = ThroughputHistory(steps * config.batch_size)
-        log.info("chief: %d epochs x %d steps of %d examples over %d workers and %d parameter servers", config.epochs, steps,
-                 config.batch_size, workers, len(tf_config["cluster"]["ps"]))
+            model = build_model(image_shape, meta["num_classes"], config.optim.learning_rate)
+        throughput = ThroughputHistory(steps * batch_size)
+        log.info("chief: %d epochs x %d steps of %d examples over %d workers and %d parameter servers", config.optim.epochs,
+                 steps, batch_size, workers, len(tf_config["cluster"]["ps"]))
+        if datasets is None:
+            datasets = ps_dataset_creator(runtime.data_dir, meta, config.data, batch_size)
         try:
-            model.fit(make_dataset_creator(config.data_dir, meta, config.batch_size, config.seed, config.shuffle_buffer), epochs=config.epochs,
-                      steps_per_epoch=steps, callbacks=[throughput.callback], verbose=0)
+            model.fit(datasets, epochs=config.optim.epochs, steps_per_epoch=steps, callbacks=[throughput.callback], verbose=0)
         except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as err:
             raise PeerUnavailableError(f"lost a parameter server during training: {err.message.strip().splitlines()[0][:300]}") from None
-        history = {"epochs": throughput.epochs, "workers": workers, "parameter_servers": len(tf_config["cluster"]["ps"]),
-                   "strategy": "parameter_server", "global_batch_size": config.batch_size, "steps_per_epoch": steps,
-                   "learning_rate": config.learning_rate, "dataset": meta.get("source"), "class_names": meta["class_names"],
-                   "image_shape": list(image_shape)}
-        save_model(model, image_shape, config.model_dir, history)
+        history = history_record(config, meta, throughput.epochs, workers, batch_size, steps, config.optim.learning_rate)
+        history["parameter_servers"] = len(tf_config["cluster"]["ps"])
+        save_model(model, image_shape, runtime.model_dir, history)
     return history
 
 
-def status_uri(config: Any) -> str:
-    """`--status-uri`, or MODEL_DIR.status.json beside the model when not given."""
-    return config.status_uri or f"{config.model_dir.rstrip('/')}.status.json"
-
+def status_uri(config: TrainConfig) -> str:
+    """The status document's location: `status_uri`, or MODEL_DIR.status.json beside the model."""
+    return config.runtime.status_uri or f"{config.runtime.model_dir.rstrip('/')}.status.json"

@@ -1,0 +1,61 @@
+"""Component and pipeline signatures whose defaults and descriptions come from the configuration contract.
+
+A component or pipeline function names its contract settings as parameters without defaults (the embedded source of
+a lightweight component cannot import the contract); `declare` returns a copy of the function whose signature
+carries each setting's pipeline default (`trainer.config.pipeline_default`) and whose docstring's `Args:` section
+carries its help text. KFP reads both when it builds the component or pipeline spec, and both the KFP backend and
+kfp.local hand every input, defaults included, to the function when it runs.
+"""
+
+import inspect
+import re
+import types
+from collections.abc import Callable
+from typing import Any
+
+from trainer import config
+
+
+def is_setting(name: str) -> bool:
+    try:
+        config.field(name)
+    except KeyError:
+        return False
+    return True
+
+
+def _docstring(func: Callable[..., Any], settings: list[str]) -> str:
+    lines = inspect.cleandoc(func.__doc__ or "").splitlines()
+    own = {m.group(1) for line in lines if (m := re.match(r"^    (\w+):", line))}
+    added = [f"    {name}: {config.help_text(name)}" for name in settings if name not in own]
+    if added and "Args:" in lines:
+        end = lines.index("Args:") + 1
+        while end < len(lines) and lines[end].startswith(" "):
+            end += 1
+        lines[end:end] = added
+    elif added:
+        at = next((i for i, line in enumerate(lines) if line in ("Returns:", "Raises:")), None)
+        if at is None:
+            lines += ["", "Args:", *added]
+        else:
+            lines[at:at] = ["Args:", *added, ""]
+    return "\n".join(lines)
+
+
+def declare(func: Callable[..., Any]) -> Callable[..., Any]:
+    """A copy of `func` whose contract parameters default to the pipeline defaults and are described in its docstring.
+
+    Raises:
+        TypeError: when a parameter that is not a setting follows one that is (defaults must come last).
+    """
+    names = list(inspect.signature(func).parameters)
+    settings = [n for n in names if is_setting(n)]
+    if names[len(names) - len(settings):] != settings:
+        raise TypeError(f"{func.__name__}: contract settings {settings} must be its last parameters")
+    copy = types.FunctionType(func.__code__, func.__globals__, func.__name__,
+                              tuple(config.pipeline_default(n) for n in settings) or None, func.__closure__)
+    copy.__doc__ = _docstring(func, settings)
+    copy.__annotations__ = dict(func.__annotations__)
+    copy.__module__ = func.__module__
+    copy.__qualname__ = func.__qualname__
+    return copy

@@ -1,0 +1,183 @@
+"""The pipeline CLI (`python pipelines/mnist.py`): one action per run, each with only its own options.
+
+Actions: --compile (write the YAML), --local (run here with kfp.local), --upload, --run, --schedule CRON and
+--every DURATION (a KFP server). Compiling or uploading for a cluster needs the image every step runs in: --image or
+$KFP_TF_IMAGE; nothing is assumed, because an unqualified default would make every pod fail with ImagePullBackOff.
+"""
+
+import argparse
+import logging
+import os
+import re
+import sys
+import tempfile
+import time
+from typing import Any
+
+from pipelines import server
+from pipelines.factories import DEFAULT_PODS, FACTORIES, NAMES, create_pipeline
+from pipelines.local import LOCAL_MAX_WORKERS, LOCAL_OVERRIDES, run_local
+from pipelines.pods import PodSettings
+from trainer import __version__, config
+from trainer.atomic import write_text
+from trainer.cli import run_cli
+from trainer.errors import UsageError
+from trainer.flags import Parser
+
+log = logging.getLogger("pipelines")
+
+IMAGE_ENV = "KFP_TF_IMAGE"
+TOKEN_FILE = "/var/run/secrets/kubeflow/pipelines/token"
+ACTIONS = ("compile", "local", "upload", "run", "schedule", "every")
+SERVER_ACTIONS = ("upload", "run", "schedule", "every")
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*|\[[0-9a-fA-F:]+\])"
+_REFERENCE = re.compile(rf"^(?:(?P<domain>{_DOMAIN}(?::[0-9]+)?)/)?(?P<path>{_COMPONENT}(?:/{_COMPONENT})*)"
+                        r"(?::(?P<tag>[\w][\w.-]{0,127}))?(?:@(?P<digest>[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*"
+                        r":[0-9a-fA-F]{32,}))?$")
+
+
+def check_image(image: str) -> str:
+    """Checks an image reference against the OCI distribution grammar; warns when it names no registry.
+
+    Raises:
+        UsageError: naming the reference when no registry would accept it.
+    """
+    match = _REFERENCE.match(image or "")
+    if not match or len(image.split("@")[0].rsplit(":", 1)[0]) > 255:
+        raise UsageError(f"image {image!r} is not a valid image reference; allowed: [REGISTRY[:PORT]/]PATH[:TAG][@DIGEST] "
+                         "with a lowercase path, e.g. registry.example.com/team/kfp-tf-multiworker:0.1.0")
+    domain, path = match["domain"], match["path"]
+    if domain is None or ("." not in domain and ":" not in domain and domain != "localhost"):
+        log.warning("image %r names no registry, so a cluster pulls it from docker.io/%s; that works only "
+                    "where the image is already on the nodes (kind load, minikube image load)", image,
+                    path if "/" in path else f"library/{path}")
+    return image
+
+
+def pipeline_from_env() -> Any:
+    """The mirrored pipeline in the image named by $KFP_TF_IMAGE (for `kfp dsl compile --py pipelines/mnist.py`)."""
+    image = os.environ.get(IMAGE_ENV, "")
+    if not image:
+        raise SystemExit(f"error: ${IMAGE_ENV} is not set; set it to the image every step runs in, e.g. "
+                         f"{IMAGE_ENV}=registry.example.com/team/kfp-tf-multiworker:{__version__}")
+    return create_pipeline(check_image(image), os.environ.get("KFP_TF_STRATEGY", "multi_worker_mirrored"))
+
+
+def _action_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="pipelines/mnist.py", add_help=False, description=__doc__.splitlines()[0])
+    group = parser.add_mutually_exclusive_group()
+    for action in ACTIONS:
+        metavar = {"schedule": "CRON", "every": "DURATION"}.get(action)
+        group.add_argument(f"--{action}", **({"metavar": metavar} if metavar else {"action": "store_true"}))
+    return parser
+
+
+def build_parser(action: str | None) -> argparse.ArgumentParser:
+    """The parser for one action: the action flags, then only the options that apply to it."""
+    parser = Parser(prog="pipelines/mnist.py", parents=[_action_parser()], description=__doc__)
+    if action in ("compile", *SERVER_ACTIONS):
+        build = parser.add_argument_group("the pipeline")
+        build.add_argument("--image", default=os.environ.get(IMAGE_ENV), help=f"the image every step runs in "
+                           f"(default: ${IMAGE_ENV}); required")
+        build.add_argument("--strategy", default="multi_worker_mirrored", choices=list(FACTORIES),
+                           help="multi_worker_mirrored (default) or parameter_server (chief, ps and worker tasks)")
+        pods = parser.add_argument_group("training pods")
+        for f in PodSettings.__dataclass_fields__.values():
+            pods.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
+                              help=f"{_attribute_doc(f.name)} (default: {f.default})")
+    if action == "compile":
+        parser.add_argument("--output", default="mnist_pipeline.yaml", help="the YAML path (default: %(default)s)")
+    if action == "local":
+        local = parser.add_argument_group("the local run")
+        local.add_argument("--num-workers", type=int, default=config.default("num_workers"),
+                           help=f"workers (1 to {LOCAL_MAX_WORKERS})")
+        local.add_argument("--epochs", type=int, default=config.default("epochs"), help="training epochs")
+        local.add_argument("--source", default=LOCAL_OVERRIDES["source"], help="data source (default: the shipped sample)")
+        local.add_argument("--min-accuracy", type=float, default=config.default("min_accuracy"),
+                           help="the quality gate before publishing")
+        local.add_argument("--publish-uri", default="", help="where a model that passes the gate is published")
+        local.add_argument("--output-dir", default="out/pipeline", help="the local pipeline root")
+    if action in SERVER_ACTIONS:
+        server.add_server_arguments(parser, action, pipeline_name=NAMES["multi_worker_mirrored"])
+    return parser
+
+
+def _attribute_doc(name: str) -> str:
+    doc = PodSettings.__doc__ or ""
+    match = re.search(rf"^\s+{name}: (.+?)(?=^\s+\w+: |\Z)", doc, re.M | re.S)
+    return " ".join(match.group(1).split()) if match else name
+
+
+def pod_settings(args: argparse.Namespace) -> PodSettings:
+    return PodSettings(**{name: getattr(args, name) for name in PodSettings.__dataclass_fields__})
+
+
+def compile_pipeline(output: str, image: str, strategy: str = "multi_worker_mirrored",
+                     pods: PodSettings = DEFAULT_PODS) -> str:
+    """Writes the pipeline YAML to `output` (through a temporary file) and returns the path."""
+    from kfp import compiler
+
+    if not output.endswith((".yaml", ".yml")):
+        raise UsageError(f"--output {output!r} must end with .yaml or .yml")
+    with tempfile.TemporaryDirectory() as tmp:
+        compiler.Compiler().compile(create_pipeline(image, strategy, pods), package_path=f"{tmp}/pipeline.yaml")
+        with open(f"{tmp}/pipeline.yaml") as f:
+            write_text(output, f.read())
+    return output
+
+
+def _image(args: argparse.Namespace) -> str:
+    if not args.image:
+        raise UsageError(f"no image: pass --image REGISTRY/kfp-tf-multiworker:{__version__} (the image built from "
+                         f"this project's Dockerfile and pushed where the cluster pulls from) or set ${IMAGE_ENV}")
+    return check_image(args.image)
+
+
+def _compile(args: argparse.Namespace) -> None:
+    started = time.monotonic()
+    image = _image(args)
+    compile_pipeline(args.output, image, args.strategy, pod_settings(args))
+    sys.stdout.write(f"wrote {args.output} ({NAMES[args.strategy]}, image {image}) in {time.monotonic() - started:.2f}s\n")
+
+
+def _local(args: argparse.Namespace) -> None:
+    result = run_local(args.output_dir, num_workers=args.num_workers, epochs=args.epochs, source=args.source,
+                       min_accuracy=args.min_accuracy, publish_uri=args.publish_uri)
+    lines = [f"pipeline finished in {result['seconds']}s", f"test accuracy: {result['accuracy']:.4f}"]
+    lines += [f"{name}: {result[name]}" for name in ("run", "model", "report", "publish")]
+    # sys.stdout.write, not print: kfp.local leaves builtins.print patched to indent every line
+    sys.stdout.write("\n" + "\n".join(lines) + "\n")
+    sys.stdout.flush()
+
+
+def _server(args: argparse.Namespace, action: str) -> int:
+    image = _image(args)
+    pods = pod_settings(args)
+    with tempfile.TemporaryDirectory() as tmp:
+        package = compile_pipeline(os.path.join(tmp, "pipeline.yaml"), image, args.strategy, pods)
+        return server.to_server(args, action, package, token_file=TOKEN_FILE)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+
+    def body() -> int:
+        known, _ = _action_parser().parse_known_args([a for a in argv if a not in ("-h", "--help")])
+        action = next((a for a in ACTIONS if getattr(known, a)), None)
+        if action is None and ("-h" in argv or "--help" in argv):
+            build_parser(None).print_help()
+            return 0
+        if action is None:
+            build_parser(None).print_help(sys.stderr)
+            raise UsageError(f"no action: pass one of {', '.join('--' + a for a in ACTIONS)}")
+        args = build_parser(action).parse_args(argv)
+        if action == "compile":
+            _compile(args)
+        elif action == "local":
+            _local(args)
+        else:
+            return _server(args, action)
+        return 0
+
+    return run_cli(body)

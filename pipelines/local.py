@@ -1,0 +1,71 @@
+"""Running the whole pipeline here with kfp.local: every step a subprocess, artifacts under a local pipeline root."""
+
+import json
+import os
+import time
+from typing import Any
+
+from pipelines.factories import mirrored_pipeline
+from trainer import config
+from trainer.errors import UsageError
+
+LOCAL_MAX_WORKERS = 2
+LOCAL_IMAGE = "kfp-tf-multiworker:local"
+LOCAL_OVERRIDES = {"cluster_mode": "local", "startup_timeout": config.default("startup_timeout"), "source": "sample"}
+
+
+def check_workers(num_workers: int) -> None:
+    """Refuses worker counts that kfp.local cannot run at once (it runs at most 2 loop iterations concurrently)."""
+    if not 1 <= num_workers <= LOCAL_MAX_WORKERS:
+        raise UsageError(
+            f"--num-workers {num_workers} is not allowed with --local; allowed: 1 to {LOCAL_MAX_WORKERS}. kfp.local "
+            "runs at most 2 ParallelFor iterations at once and every MultiWorkerMirroredStrategy worker must run at "
+            "the same time, so more workers would wait for each other forever; use trainer-launch or a cluster")
+
+
+def run_local(output_dir: str, **arguments: Any) -> dict[str, Any]:
+    """Runs the mirrored pipeline through kfp.local's SubprocessRunner and returns what the run produced.
+
+    Args:
+        output_dir: the local pipeline root.
+        **arguments: pipeline parameters; `cluster_mode` is local and `source` the shipped sample unless given.
+
+    Returns:
+        accuracy, the paths of the model and the report, the run's directory, the seconds it took, and what happened
+        at the publish location.
+    """
+    from kfp import local
+
+    arguments = {**LOCAL_OVERRIDES, **arguments}
+    for name, value in arguments.items():
+        config.check(name, value)
+    check_workers(arguments.get("num_workers", config.default("num_workers")))
+    if arguments.get("publish_uri"):
+        arguments["publish_uri"] = os.path.abspath(arguments["publish_uri"])
+    root = os.path.abspath(output_dir)
+    os.makedirs(root, exist_ok=True)
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=root, raise_on_error=True)
+    started = time.monotonic()
+    outputs = mirrored_pipeline(LOCAL_IMAGE)(**arguments).outputs
+    model = outputs["model"].path
+    result = {"seconds": round(time.monotonic() - started, 1), "accuracy": outputs["accuracy"], "model": model,
+              "report": outputs["report"].path, "run": os.path.dirname(os.path.dirname(model))}
+    result["publish"] = publish_summary(model, outputs["metrics"].metadata, arguments.get("publish_uri", ""))
+    return result
+
+
+def publish_summary(model_dir: str, metrics: dict[str, Any], publish_uri: str) -> str:
+    """What the run did at the publish location, read from the location itself (latest.json)."""
+    if not publish_uri:
+        return "not published: no publish location"
+    if not metrics.get("passed_gate"):
+        return f"not published: accuracy {metrics['accuracy']:.4f} is below the gate {metrics['min_accuracy']:.4f}"
+    with open(os.path.join(model_dir, "history.json")) as f:
+        run_id = json.load(f)["run_id"]
+    latest_path = os.path.join(publish_uri, "latest.json")
+    with open(latest_path) as f:
+        latest = json.load(f)
+    if latest["lineage"]["run_id"] == run_id:
+        return f"published version {latest['version']} at {latest['path']}"
+    return (f"not published: accuracy {metrics['accuracy']:.4f} is below the published version {latest['version']} "
+            f"({latest['metrics']['accuracy']:.4f})")

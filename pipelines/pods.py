@@ -1,0 +1,63 @@
+"""What the training pods get on a cluster: resources, downward-API environment, retry and timeout.
+
+kfp.local ignores all of it; the compiled YAML carries it (the Kubernetes platform spec and the container resources).
+"""
+
+import dataclasses
+from typing import Any
+
+from kfp import kubernetes
+
+from trainer.errors import UsageError
+
+
+@dataclasses.dataclass(frozen=True)
+class PodSettings:
+    """Compile-time settings of the training pods (workers, chief, parameter servers).
+
+    Attributes:
+        cpu_request: CPU the scheduler reserves per training pod.
+        cpu_limit: CPU a training pod may use.
+        memory_request: memory the scheduler reserves per training pod.
+        memory_limit: memory a training pod may use before it is OOM-killed.
+        gpus: NVIDIA GPUs per training pod; the image is CPU-only, so only 0 is allowed.
+        retries: KFP retries of a training pod that failed as a whole (the pod was lost); restarts after a lost
+            peer happen in place (`max_restarts`). KFP has no exit-code policy, so these retry any failure.
+        timeout_seconds: a training pod running longer than this is stopped.
+    """
+
+    cpu_request: str = "1"
+    cpu_limit: str = "2"
+    memory_request: str = "2Gi"
+    memory_limit: str = "4Gi"
+    gpus: int = 0
+    retries: int = 1
+    timeout_seconds: int = 6 * 3600
+
+    def __post_init__(self) -> None:
+        if self.gpus:
+            raise UsageError(f"gpus {self.gpus} is not allowed; allowed: 0. The image installs the CPU build of "
+                             "TensorFlow from PyPI and no CUDA libraries, so a GPU pod would train on its CPU: build a "
+                             "GPU image (tensorflow[and-cuda]==2.21.0 on an NVIDIA CUDA base) first, see docs/cluster.md")
+        if not 0 <= self.retries <= 10:
+            raise UsageError(f"retries {self.retries} is not allowed; allowed: 0 to 10")
+        if self.timeout_seconds < 60:
+            raise UsageError(f"timeout {self.timeout_seconds}s is not allowed; allowed: at least 60 s")
+
+
+def with_namespace(task: Any) -> Any:
+    """The pod's namespace as POD_NAMESPACE (downward API): the Services are created and deleted there."""
+    return kubernetes.use_field_path_as_env(task, env_name="POD_NAMESPACE", field_path="metadata.namespace")
+
+
+def training_pod(task: Any, pods: PodSettings) -> Any:
+    """A training task's pod: its name and namespace from the downward API, resources, retry and timeout."""
+    with_namespace(task)
+    kubernetes.use_field_path_as_env(task, env_name="POD_NAME", field_path="metadata.name")
+    kubernetes.use_field_path_as_env(task, env_name="POD_IP", field_path="status.podIP")
+    task.set_cpu_request(pods.cpu_request).set_cpu_limit(pods.cpu_limit)
+    task.set_memory_request(pods.memory_request).set_memory_limit(pods.memory_limit)
+    if pods.retries:
+        task.set_retry(num_retries=pods.retries, backoff_duration="30s", backoff_factor=2.0)
+    kubernetes.set_timeout(task, pods.timeout_seconds)
+    return task

@@ -1,0 +1,287 @@
+"""The configuration contract: every setting of preparation, training and the cluster, declared once.
+
+Each setting is a field of a frozen dataclass with its type, default, help text and the values it allows. The
+trainer CLIs' flags (`trainer.flags`), the components' and the pipeline's parameter defaults and descriptions
+(`components.contract`) are derived from these declarations; `PIPELINE_OVERRIDES` lists the few defaults a
+pipeline run on a cluster changes, each with its reason. Construction checks every field, so a config that exists
+is valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from trainer.errors import UsageError
+
+STRATEGIES = ("multi_worker_mirrored", "parameter_server")
+SOURCE_FORMS = "'sample', 'idx:DIR_OR_URI', or a TFDS name such as 'mnist' or 'tfds:fashion_mnist'"
+_TFDS_NAME = re.compile(r"^[a-z][a-z0-9_]*(/[A-Za-z0-9_.-]+)?(:[0-9.*]+)?$")
+CLUSTER_MODES = ("kubernetes", "local")
+MAX_WORKERS = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """What a setting allows: a predicate over the value and the words that say it."""
+
+    ok: Callable[[Any], bool]
+    allowed: str
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def at_least(low: int, what: str = "an integer") -> Check:
+    return Check(lambda v: _is_int(v) and v >= low, f"{what} of at least {low}")
+
+
+def int_between(low: int, high: int) -> Check:
+    return Check(lambda v: _is_int(v) and low <= v <= high, f"an integer from {low} to {high}")
+
+
+def above(low: float, what: str = "a number") -> Check:
+    return Check(lambda v: _is_number(v) and v > low, f"{what} above {low:g}")
+
+
+def not_below(low: float, what: str = "a number") -> Check:
+    return Check(lambda v: _is_number(v) and v >= low, f"{what} of at least {low:g}")
+
+
+def number_between(low: float, high: float) -> Check:
+    return Check(lambda v: _is_number(v) and low <= v <= high, f"a number from {low:g} to {high:g}")
+
+
+def one_of(*choices: str) -> Check:
+    return Check(lambda v: v in choices, ", ".join(choices))
+
+
+def text(what: str = "text") -> Check:
+    return Check(lambda v: isinstance(v, str), what)
+
+
+def non_empty(what: str = "a non-empty path") -> Check:
+    return Check(lambda v: isinstance(v, str) and bool(v.strip()), what)
+
+
+FLAG = Check(lambda v: isinstance(v, bool), "true or false")
+
+
+def is_source(value: Any) -> bool:
+    """Whether `value` is one of the data source forms (`SOURCE_FORMS`)."""
+    if not isinstance(value, str):
+        return False
+    if value == "sample" or (value.startswith("idx:") and len(value) > 4):
+        return True
+    return bool(_TFDS_NAME.match(value[5:] if value.startswith("tfds:") else value))
+
+
+def setting(default: Any = dataclasses.MISSING, help: str = "", *, check: Check, flag: str | None = None) -> Any:
+    """A dataclass field with the metadata the CLIs and the pipeline read: help text, check and flag name."""
+    metadata = {"help": help, "check": check, "flag": flag}
+    if default is dataclasses.MISSING:
+        return dataclasses.field(metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+class _Checked:
+    """Checks every field on construction; the error names the field, the value and what is allowed."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if f.type in ("float", float) and _is_int(value):
+                object.__setattr__(self, f.name, float(value))
+                value = float(value)
+            check: Check = f.metadata["check"]
+            if not check.ok(value):
+                raise UsageError(f"{f.name} {value!r} is not allowed; allowed: {check.allowed}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig(_Checked):
+    """Which data, how much of it, and how it is read."""
+
+    source: str = setting("tfds:mnist", "where the data comes from: 'sample' (the MNIST digits shipped in the image), "
+                          "'idx:DIR_OR_URI' (MNIST-format IDX files at a local path or a tf.io.gfile URI), or a TFDS "
+                          "name such as 'mnist' or 'tfds:fashion_mnist'", check=Check(is_source, SOURCE_FORMS))
+    max_train_examples: int = setting(0, "keep only the first N training examples; 0 keeps all", check=at_least(0))
+    max_test_examples: int = setting(0, "keep only the first N test examples; 0 keeps all", check=at_least(0))
+    num_shards: int = setting(4, "TFRecord shards of the training split; a multiple of the worker count lets each "
+                              "worker read whole files", check=int_between(1, 1024))
+    class_names: str = setting("", "comma-separated class names for IDX data; empty: 0, 1, ...", check=text())
+    tfds_data_dir: str = setting("", "TFDS data_dir holding (or to receive) prepared TFDS datasets; empty: TFDS's own",
+                                 check=text())
+    network_timeout: float = setting(5.0, "seconds to wait for a TFDS download host before failing",
+                                     check=number_between(0.1, 600))
+    shuffle_buffer: int = setting(10_000, "examples in the training shuffle buffer", check=at_least(1))
+    seed: int = setting(42, "seed of the weights, the shuffles and dropout", check=at_least(0))
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig(_Checked):
+    """How long and how fast to train."""
+
+    epochs: int = setting(12, "passes over the training data", check=int_between(1, 100_000))
+    batch_size: int = setting(64, "examples per worker per step; the global batch is this times the number of workers",
+                              check=int_between(1, 65_536))
+    learning_rate: float = setting(0.002, "peak Adam learning rate for one worker, scaled by sqrt(workers), "
+                                   "cosine-decayed to 5% over the run", check=number_between(1e-9, 10))
+    steps_per_epoch: int = setting(0, "steps per epoch; 0: training examples // global batch", check=at_least(0))
+    steps_per_execution: int = setting(32, "training steps per call of the compiled step function (fewer Python "
+                                       "round trips and per-call synchronisations between workers)",
+                                       check=int_between(1, 10_000))
+    validate: bool = setting(False, "evaluate on the test split after every epoch (val_loss, val_accuracy in the "
+                             "history)", check=FLAG)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterConfig(_Checked):
+    """The cluster's shape, how its members find each other, and how long they wait for each other."""
+
+    strategy: str = setting("multi_worker_mirrored", "multi_worker_mirrored (N identical workers, synchronous "
+                            "all-reduce) or parameter_server (a chief, parameter servers and workers)",
+                            check=one_of(*STRATEGIES))
+    num_workers: int = setting(2, "training workers; all of them must run at the same time",
+                               check=int_between(1, MAX_WORKERS))
+    num_ps: int = setting(1, "parameter servers (parameter_server strategy only)", check=int_between(1, MAX_WORKERS))
+    cluster_mode: str = setting("kubernetes", "'kubernetes': one headless Service per worker, found by DNS; "
+                                "'local': free loopback ports (kfp.local runs)", check=one_of(*CLUSTER_MODES))
+    port: int = setting(2222, "the TF gRPC port each worker listens on in kubernetes mode; its supervisor's control "
+                        "channel uses the next one", check=int_between(1, 65534))
+    startup_timeout: float = setting(120.0, "seconds to wait for every peer to join before failing with the missing "
+                                     "peers' names", check=number_between(1, 86_400))
+    collective_timeout: float = setting(0.0, "seconds before one collective op fails; 0: none (a lost peer is still "
+                                        "detected by heartbeats in about 10 s, and TF 2.21 leaks a thread per "
+                                        "collective op when this is set)", check=number_between(0, 86_400))
+    chief_timeout: float = setting(60.0, "parameter_server: a parameter server or worker exits when the chief's "
+                                   "heartbeat is older than this many seconds", check=number_between(1, 86_400))
+    max_restarts: int = setting(0, "restart the training process in place up to N times after a retryable failure "
+                                "(a lost peer, a start-up timeout); it resumes from its last finished epoch",
+                                check=int_between(0, 100))
+    pack_bytes: int = setting(0, "all-reduce gradient packing: bytes per pack; 0: TensorFlow decides", check=at_least(0))
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeConfig(_Checked):
+    """Where this process reads and writes, and which run it belongs to."""
+
+    data_dir: str = setting(help="prepared dataset directory (from trainer-prepare)", check=non_empty(), flag="--data")
+    model_dir: str = setting(help="where the chief writes saved_model/, model.keras and history.json",
+                             check=non_empty())
+    checkpoint_dir: str = setting("", "BackupAndRestore directory shared by all workers, so a restarted worker "
+                                  "resumes; empty: MODEL_DIR.backup beside the model", check=text())
+    status_uri: str = setting("", "parameter_server: the chief's status document that parameter servers and workers "
+                              "poll; empty: MODEL_DIR.status.json", check=text())
+    run_id: str = setting("", "the pipeline run's id, recorded in the model's history for lineage", check=text())
+    threads: int = setting(0, "intra-op threads; 0: TensorFlow decides", check=int_between(0, 1024))
+
+
+@dataclasses.dataclass(frozen=True)
+class PublishConfig(_Checked):
+    """The quality gate and where a model that passes it is published."""
+
+    min_accuracy: float = setting(0.95, "the quality gate: a model below this test accuracy is not published",
+                                  check=number_between(0, 1))
+    publish_uri: str = setting("", "where a model that passes the gate is published, in versioned directories with "
+                               "latest.json; empty: not published", check=text())
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Everything one training task needs, in the four groups of the contract."""
+
+    runtime: RuntimeConfig
+    data: DataConfig = DataConfig()
+    optim: OptimConfig = OptimConfig()
+    cluster: ClusterConfig = ClusterConfig()
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, dict[str, Any]]) -> TrainConfig:
+        return cls(**{f.name: GROUPS[f.name](**values.get(f.name, {})) for f in dataclasses.fields(cls)})
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        """A copy with settings changed by name, whichever group they are in."""
+        groups: dict[str, dict[str, Any]] = {}
+        for name, value in changes.items():
+            groups.setdefault(group_of(name), {})[name] = value
+        return dataclasses.replace(self, **{g: dataclasses.replace(getattr(self, g), **v) for g, v in groups.items()})
+
+
+GROUPS: dict[str, type] = {"runtime": RuntimeConfig, "data": DataConfig, "optim": OptimConfig, "cluster": ClusterConfig,
+                           "publish": PublishConfig}
+
+
+@dataclasses.dataclass(frozen=True)
+class Override:
+    """A default a pipeline run on a cluster changes, and why."""
+
+    value: Any
+    reason: str
+
+
+PIPELINE_OVERRIDES: dict[str, Override] = {
+    "startup_timeout": Override(600.0, "on a cluster every worker waits for the slowest pod to be scheduled and to pull "
+                                "the 2.7 GB image, which takes minutes on a fresh node"),
+    "max_restarts": Override(2, "pods see transient peer losses (node drains, preemption, network blips) that a "
+                             "restart in place survives; KFP's own retry does not reach tasks inside a ParallelFor on "
+                             "every backend version and restarts the whole pod"),
+}
+
+
+def fields() -> Iterator[dataclasses.Field]:
+    """Every setting of the contract, group by group."""
+    for group in GROUPS.values():
+        yield from dataclasses.fields(group)
+
+
+def field(name: str) -> dataclasses.Field:
+    for f in fields():
+        if f.name == name:
+            return f
+    raise KeyError(f"{name!r} is not a setting of the contract")
+
+
+def group_of(name: str) -> str:
+    for group, cls in GROUPS.items():
+        if name in {f.name for f in dataclasses.fields(cls)}:
+            return group
+    raise KeyError(f"{name!r} is not a setting of the contract")
+
+
+def default(name: str) -> Any:
+    """The contract's default of a setting (what the trainer CLIs use)."""
+    f = field(name)
+    if f.default is dataclasses.MISSING:
+        raise KeyError(f"setting {name!r} has no default")
+    return f.default
+
+
+def pipeline_default(name: str) -> Any:
+    """The default a pipeline parameter or component input of this name gets: the override, else the contract's."""
+    return PIPELINE_OVERRIDES[name].value if name in PIPELINE_OVERRIDES else default(name)
+
+
+def help_text(name: str) -> str:
+    return field(name).metadata["help"]
+
+
+def check(name: str, value: Any) -> Any:
+    """Checks one value against its setting's declaration and returns it (ints widened to float where declared)."""
+    f = field(name)
+    if f.type in ("float", float) and _is_int(value):
+        value = float(value)
+    if not f.metadata["check"].ok(value):
+        raise UsageError(f"{name} {value!r} is not allowed; allowed: {f.metadata['check'].allowed}")
+    return value

@@ -1,0 +1,165 @@
+"""The pipeline's steps as plain typed functions: what each KFP component runs, with paths instead of artifacts.
+
+Every component calls one of these through `trainer.cli.run_step`, so every step maps failures with the one
+exit-code contract. They take typed values, build the contract's config objects, and return the metadata the
+component records on its output artifacts. No kfp import: they run, and are tested, without it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+from trainer import cluster as cluster_lib
+from trainer.atomic import write_json
+from trainer.config import ClusterConfig, DataConfig, OptimConfig, PublishConfig, RuntimeConfig, TrainConfig, group_of
+from trainer.errors import TaskFailedError, UsageError
+
+log = logging.getLogger(__name__)
+
+CLUSTER_FILE = "cluster.json"
+WORKER_FILE = "worker.json"
+
+
+def prepare_data(output: str, source: str, max_train_examples: int, max_test_examples: int, num_shards: int) -> dict[str, Any]:
+    """Prepares the dataset into `output`; returns the counts the Dataset artifact records."""
+    from trainer import prepare
+
+    data = DataConfig(source=source, max_train_examples=max_train_examples, max_test_examples=max_test_examples,
+                      num_shards=num_shards)
+    meta = prepare.run(data, output)
+    return {"source": source, "train_examples": meta["splits"]["train"]["num_examples"],
+            "test_examples": meta["splits"]["test"]["num_examples"], "num_classes": meta["num_classes"]}
+
+
+def create_cluster(output_dir: str, run_id: str, num_workers: int, cluster_mode: str, port: int,
+                   num_ps: int = 0) -> dict[str, Any]:
+    """Gives every task of the run an address (and its supervisor a control address) and writes cluster.json.
+
+    Kubernetes mode creates one headless Service per task; local mode picks free loopback ports.
+    """
+    from trainer import k8s
+    from trainer.launch import local_topology
+
+    settings = ClusterConfig(num_workers=num_workers, cluster_mode=cluster_mode, port=port, num_ps=max(num_ps, 1))
+    if settings.cluster_mode == "local":
+        spec, control = local_topology(num_workers, num_ps)
+    else:
+        if not run_id:
+            raise UsageError("run_id is empty; the pipeline passes dsl.PIPELINE_JOB_ID_PLACEHOLDER")
+        tasks = num_workers + (num_ps + 1 if num_ps else 0)
+        namespace = k8s.namespace()
+        addresses = k8s.create_services(k8s.core_api(), namespace, run_id, tasks, port)
+        spec = cluster_lib.assign_addresses(addresses, num_workers, num_ps)
+        control = cluster_lib.assign_addresses([k8s.control_address(a) for a in addresses], num_workers, num_ps)
+    record = {"cluster": spec, "control": control, "mode": cluster_mode}
+    write_json(os.path.join(output_dir, CLUSTER_FILE), record)
+    return record
+
+
+def read_cluster(cluster_dir: str) -> dict[str, Any]:
+    """cluster.json as create_cluster wrote it, with its cluster spec checked."""
+    path = os.path.join(cluster_dir, CLUSTER_FILE)
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"cluster file {path!r} cannot be read: {err}") from None
+    cluster_lib.validate_cluster(record.get("cluster", {}))
+    return record
+
+
+def _train_config(dataset: str, model_dir: str, run_id: str, **settings: Any) -> TrainConfig:
+    groups: dict[str, dict[str, Any]] = {"runtime": {"data_dir": dataset, "model_dir": model_dir, "run_id": run_id}}
+    for name, value in settings.items():
+        groups.setdefault(group_of(name), {})[name] = value
+    return TrainConfig(runtime=RuntimeConfig(**groups["runtime"]), data=DataConfig(**groups.get("data", {})),
+                       optim=OptimConfig(**groups.get("optim", {})), cluster=ClusterConfig(**groups.get("cluster", {})))
+
+
+def train_task(dataset: str, cluster_dir: str, job: str, index: int, model_dir: str, run_id: str,
+               **settings: Any) -> dict[str, Any]:
+    """Runs one task of the run's cluster under the supervisor (joining the Kubernetes cluster first when asked).
+
+    Args:
+        dataset: the prepared dataset.
+        cluster_dir: create_cluster's output directory.
+        job: `worker`, `chief` or `ps`.
+        index: the task's index within its job.
+        model_dir: where the chief writes the model.
+        run_id: the pipeline run's id.
+        **settings: contract settings by name (epochs, batch_size, startup_timeout, cluster_mode, ...).
+
+    Returns:
+        The metadata of the task's Model artifact.
+
+    Raises:
+        TaskFailedError: the training process failed; its own `error:` line says why, its exit code is kept.
+    """
+    from trainer import k8s
+    from trainer.supervisor import supervise
+
+    config = _train_config(dataset, model_dir, run_id, **settings)
+    record = read_cluster(cluster_dir)
+    tf_config = cluster_lib.build_tf_config(record["cluster"], job, index)
+    if config.cluster.cluster_mode == "kubernetes":
+        k8s.join_cluster(record["cluster"], job, index, run_id, config.cluster.startup_timeout)
+    code = supervise(config, tf_config, record.get("control"))
+    if code:
+        raise TaskFailedError(code)
+    chief = cluster_lib.is_chief(tf_config)
+    if job == "worker" and not chief:
+        os.makedirs(model_dir, exist_ok=True)
+        write_json(os.path.join(model_dir, WORKER_FILE), {"worker_index": index, "chief": False})
+    return {"task": f"{job}:{index}", "chief": chief, "strategy": config.cluster.strategy, "framework": "tensorflow"}
+
+
+def evaluate(dataset: str, model_dirs: list[str], report: str, chief_copy: str, min_accuracy: float) -> dict[str, Any]:
+    """Evaluates the chief's exported SavedModel on the test split, writes the HTML report and copies the model.
+
+    Returns:
+        The metrics (accuracy, loss, per-class results, confusion matrix, the gate's threshold) and `source_dir`.
+    """
+    import shutil
+
+    from trainer import evaluate as evaluation
+    from trainer.export import HISTORY_FILE, SAVED_MODEL_DIR
+    from trainer.report import write_html
+
+    gate = PublishConfig(min_accuracy=min_accuracy)
+    chiefs = [d for d in model_dirs if os.path.isdir(os.path.join(d, SAVED_MODEL_DIR))]
+    if len(chiefs) != 1:
+        raise UsageError(f"expected exactly one worker model with a SavedModel, found {len(chiefs)} of {len(model_dirs)}")
+    result = evaluation.run(chiefs[0], dataset)
+    result["min_accuracy"] = gate.min_accuracy
+    result["passed_gate"] = int(result["accuracy"] >= gate.min_accuracy)
+    with open(os.path.join(chiefs[0], HISTORY_FILE)) as f:
+        history = json.load(f)
+    write_html(report, result, history)
+    shutil.copytree(chiefs[0], chief_copy)
+    result["source_dir"] = chiefs[0]
+    return result
+
+
+def publish_model(model_dir: str, metrics: dict[str, Any], publish_uri: str, model_uri: str = "") -> dict[str, Any]:
+    """Publishes the model behind the gate unless a better one is published; lineage comes from its history.json."""
+    from trainer.export import HISTORY_FILE, SAVED_MODEL_DIR
+    from trainer.publish import publish
+
+    target = PublishConfig(publish_uri=publish_uri)
+    with open(os.path.join(model_dir, HISTORY_FILE)) as f:
+        history = json.load(f)
+    lineage = {"run_id": history.get("run_id", ""), "dataset": history.get("dataset"), "model_uri": model_uri or model_dir,
+               "parameters": history.get("parameters", {})}
+    return publish(os.path.join(model_dir, SAVED_MODEL_DIR), metrics, target.publish_uri, lineage)
+
+
+def delete_cluster(run_id: str, cluster_mode: str) -> list[str]:
+    """Deletes the run's Services (kubernetes mode); deleting twice, or nothing, is fine. Returns the names."""
+    from trainer import k8s
+
+    if ClusterConfig(cluster_mode=cluster_mode).cluster_mode != "kubernetes":
+        return []
+    return k8s.delete_services(k8s.core_api(), k8s.namespace(), run_id)

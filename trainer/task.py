@@ -1,0 +1,47 @@
+"""The training process a supervisor starts: TF_CONFIG and the training config come from the environment.
+
+    TRAINER_CONFIG='{"runtime": {...}, ...}' TF_CONFIG='{...}' python -m trainer.task
+
+Internal: `trainer-train` and the pipeline's training steps start it through `trainer.supervisor`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from trainer.cli import run_cli
+from trainer.cluster import parse_tf_config
+from trainer.config import TrainConfig
+from trainer.supervisor import CONFIG_ENV, die_with_supervisor, report_formed
+
+
+def run_task(config: TrainConfig, tf_config: dict | None) -> int:
+    """Runs this task of the cluster with its strategy's runner; tells the supervisor once the cluster formed."""
+    from trainer import mirrored, ps
+
+    if config.cluster.strategy == "parameter_server":
+        ps.check_topology(tf_config)
+        if tf_config["task"]["type"] in ("ps", "worker"):
+            ps.run_server(config, tf_config, on_started=report_formed)
+        else:
+            ps.run(config, tf_config, on_formed=report_formed)
+        return 0
+    mirrored.run(config, tf_config, on_formed=report_formed)
+    return 0
+
+
+def main() -> int:
+    die_with_supervisor()
+
+    def body() -> int:
+        config = TrainConfig.from_dict(json.loads(os.environ[CONFIG_ENV]))
+        text = os.environ.get("TF_CONFIG", "").strip()
+        return run_task(config, parse_tf_config(text) if text else None)
+
+    return run_cli(body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
