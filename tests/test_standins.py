@@ -176,8 +176,9 @@ def test_pods_in_any_state_their_events_and_readiness(cluster, core):
         core.create_namespaced_service(NS, {"metadata": {"name": name}, "spec": {
             "clusterIP": "None", "publishNotReadyAddresses": publish, "selector": {"app": "x"}}})
     assert standin.dns_records() == {f"published.{NS}.svc.cluster.local": ["127.0.0.2"]}
-    patched = core.patch_namespaced_pod("not-ready", NS, {"metadata": {"labels": {"extra": "1"}}})
-    assert patched.status.pod_ip == "127.0.0.2", "a pod keeps the IP it has"
+    patched = core.patch_namespaced_pod("not-ready", NS, {"metadata": {"labels": {"extra": "1"}},
+                                                          "status": {"podIP": "127.0.0.9"}})
+    assert patched.status.pod_ip == "127.0.0.2", "a pod keeps the IP it has; status is not patched through the pod"
 
 
 def test_patch_kinds_replace_conflicts_and_deletecollection(files, cluster, core):

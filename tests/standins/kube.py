@@ -303,6 +303,8 @@ class KubeStandIn:
                                             f'modified; please apply your changes to the latest version and try again')
         for field in ("namespace", "uid", "creationTimestamp"):
             new["metadata"][field] = current["metadata"][field]
+        if target.group in BUILT_IN_GROUPS and "status" in current:  # status is a subresource: kept as it was
+            new["status"] = current["status"]
         self._objects[(key, ns, name)] = new
         return self._bump(new)
 

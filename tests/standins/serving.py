@@ -25,7 +25,8 @@ class Served:
     def __init__(self, server: BaseWSGIServer):
         self.server = server
         self.host, self.port = server.server_address[:2]
-        self.url = f"{'https' if server.ssl_context else 'http'}://{self.host}:{self.port}"
+        where = f"[{self.host}]" if ":" in self.host else self.host
+        self.url = f"{'https' if server.ssl_context else 'http'}://{where}:{self.port}"
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
         self._thread.start()
 
