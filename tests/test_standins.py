@@ -13,8 +13,9 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.incluster_config import InClusterConfigLoader
 
 from tests.conftest import ROOT
+from tests.standins.cluster import StandInCluster
 from tests.standins.dns import DnsServer, query
-from tests.standins.incluster import make_incluster
+from tests.standins.incluster import SERVICEACCOUNT_MOUNT, make_incluster
 from tests.standins.kube import Call, KubeStandIn
 from tests.standins.objects import label_matcher
 from trainer import k8s
@@ -241,6 +242,27 @@ def test_custom_objects_round_trip_and_own_other_objects(files, cluster, core):
     assert _error(err) == (404, "NotFound", 'workflows.argoproj.io "run-1" not found')
     assert [call.verb for call in cluster.standin.calls if call.resource == "workflows.argoproj.io"] == [
         "create", "get", "list", "patch", "patch", "delete", "get"]
+
+
+def test_the_whole_stand_in_cluster_and_what_a_pod_gets(tmp_path):
+    with StandInCluster.start(tmp_path, "127.0.0.1", namespace=NS, dns_port=0) as cluster:
+        core = client.CoreV1Api(client.ApiClient(cluster.files.configuration(cluster.https.port)))
+        core.create_namespaced_service(NS, k8s.service_manifest(RUN_ID, 0))
+        core.patch_namespaced_pod("train-worker-0", NS, {"metadata": {"labels": k8s.pod_labels(RUN_ID, 0)}})
+        assert _ips(query(f"{SVC0}.{NS}.svc.cluster.local", "127.0.0.1", cluster.dns.port)) == ["127.0.0.1"]
+        env = cluster.pod_env("train-worker-0")
+        args = cluster.docker_args("train-worker-0")
+        resolver = cluster.resolv_conf()
+    assert env == {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(cluster.https.port),
+                   "POD_NAME": "train-worker-0", "POD_NAMESPACE": NS}
+    assert resolver == (f"search {NS}.svc.cluster.local svc.cluster.local cluster.local\n"
+                        "nameserver 127.0.0.1\noptions ndots:5\n")
+    pairs = list(zip(args[::2], args[1::2], strict=True))
+    assert ("--dns", "127.0.0.1") in pairs and ("--dns-opt", "ndots:5") in pairs
+    searched = [v for k, v in pairs if k == "--dns-search"]
+    assert searched == [f"{NS}.svc.cluster.local", "svc.cluster.local", "cluster.local"]
+    assert ("--mount", f"type=bind,src={cluster.files.serviceaccount},dst={SERVICEACCOUNT_MOUNT},readonly") in pairs
+    assert sorted(v for k, v in pairs if k == "--env") == sorted(f"{k}={v}" for k, v in env.items())
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ from kubernetes import client
 
 from tests.conftest import ROOT
 from tests.standins import netns
+from tests.standins.cluster import StandInCluster, resolv_conf
 from tests.standins.dns import DnsServer
-from tests.standins.incluster import make_incluster
 from tests.standins.kube import Call, KubeStandIn
 from trainer import k8s
 
@@ -42,7 +42,7 @@ k8s.join_cluster({"worker": addresses}, "worker", 0, sys.argv[2], timeout=20)
 @pytest.fixture(scope="module")
 def pod():
     subnet = netns.free_subnet()
-    with netns.NetnsPod(f"kfpt{os.getpid()}", subnet, netns.resolv_conf(str(subnet[1]))) as made:
+    with netns.NetnsPod(f"kfpt{os.getpid()}", subnet, resolv_conf(str(subnet[1]))) as made:
         yield made
 
 
@@ -66,18 +66,16 @@ def test_glibc_in_a_pod_resolves_a_service_name_through_the_search_path(pod):
 
 
 def test_a_pod_labels_itself_over_https_and_resolves_its_peers(pod, tmp_path):
-    files = make_incluster(tmp_path, host=pod.host_ip, namespace="default")
-    standin = KubeStandIn(token=files.token)
-    with standin.serve_https(pod.host_ip, 0, files.server_cert, files.server_key) as api:
-        with DnsServer(standin.dns_records, pod.host_ip, 53):
-            core = client.CoreV1Api(client.ApiClient(files.configuration(api.port)))
-            addresses = k8s.create_services(core, "default", RUN_ID, 2)
-            standin.add_pod("default", "train-worker-1", labels=k8s.pod_labels(RUN_ID, 1), ip=pod.host_ip)
-            env = _pod_env(POD_NAME="train-worker-0", POD_NAMESPACE="default", **files.env(api.port))
-            joined = pod.run([sys.executable, "-c", JOIN, json.dumps(addresses), RUN_ID], env=env,
-                             serviceaccount=files.serviceaccount, timeout=60)
-            hosts = [a.split(":")[0] for a in addresses]
-            resolved = pod.run([sys.executable, "-c", RESOLVE, *hosts], env=env, timeout=30)
+    with StandInCluster.start(tmp_path, pod.host_ip, namespace="default", dns_port=53) as cluster:
+        standin = cluster.api
+        core = client.CoreV1Api(client.ApiClient(cluster.files.configuration(cluster.https.port)))
+        addresses = k8s.create_services(core, "default", RUN_ID, 2)
+        standin.add_pod("default", "train-worker-1", labels=k8s.pod_labels(RUN_ID, 1), ip=pod.host_ip)
+        env = _pod_env(**cluster.pod_env("train-worker-0"))
+        joined = pod.run([sys.executable, "-c", JOIN, json.dumps(addresses), RUN_ID], env=env,
+                         serviceaccount=cluster.files.serviceaccount, timeout=60)
+        hosts = [a.split(":")[0] for a in addresses]
+        resolved = pod.run([sys.executable, "-c", RESOLVE, *hosts], env=env, timeout=30)
     assert joined.returncode == 0, joined.stderr
     assert standin.get("pods", "default", "train-worker-0")["status"]["podIP"] == pod.pod_ip, "learned from the caller"
     assert Call("patch", "pods", "default", "train-worker-0") in standin.calls

@@ -3,7 +3,7 @@
 A `NetnsPod` is a network namespace joined to the host by one veth pair on a /30 inside 198.18.0.0/15 (the
 benchmarking range: nothing outside the test uses it, and with no default route in the namespace nothing else is
 reachable). `ip netns exec` bind-mounts `/etc/netns/<name>/resolv.conf` over `/etc/resolv.conf`, so glibc in the
-namespace uses the kubelet's resolver settings (`resolv_conf`). `run` can also mount a service-account directory
+namespace uses the kubelet's resolver settings (`cluster.resolv_conf`). `run` can also mount a service-account directory
 at `/var/run/secrets/kubernetes.io/serviceaccount` in a private mount namespace, as a pod has it.
 """
 
@@ -39,12 +39,6 @@ def unavailable() -> str | None:
     return f"needs {', '.join(missing)} (iproute2, util-linux)" if missing else None
 
 
-def resolv_conf(nameserver: str, namespace: str = "default", domain: str = "cluster.local", ndots: int = 5) -> str:
-    """The resolv.conf the kubelet writes for a pod with dnsPolicy ClusterFirst."""
-    return (f"search {namespace}.svc.{domain} svc.{domain} {domain}\n"
-            f"nameserver {nameserver}\noptions ndots:{ndots}\n")
-
-
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
 
@@ -72,7 +66,7 @@ class NetnsPod:
     Args:
         name: the namespace's name; unique on the host, at most 14 characters (the host veth is `v<name>`).
         subnet: a /30 inside 198.18.0.0/15, e.g. from `free_subnet()`.
-        resolv_conf: the pod's /etc/resolv.conf text (see `resolv_conf()`); None leaves the host's.
+        resolv_conf: the pod's /etc/resolv.conf text (see `cluster.resolv_conf()`); None leaves the host's.
     """
 
     def __init__(self, name: str, subnet: ipaddress.IPv4Network | str, resolv_conf: str | None = None):
