@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
-from tests.k8s_standin import KubeStandIn
+from tests.standins.kube import KubeStandIn
 from trainer import k8s
 from trainer.errors import KubernetesError, PeerUnavailableError, UsageError
 
@@ -39,9 +39,10 @@ def test_names_are_short_dns_labels_unique_per_run():
 
 def test_create_services_sends_headless_services_selecting_each_worker(standin, api, httpserver):
     addresses = k8s.create_services(api, "team-a", RUN_ID, 3, 2222)
-    assert len(standin.services) == 3
+    services = standin.items("services")
+    assert len(services) == 3
     for index in range(3):
-        body = standin.services[("team-a", k8s.service_name(RUN_ID, index))]
+        body = services[("team-a", k8s.service_name(RUN_ID, index))]
         assert body["spec"]["clusterIP"] == "None"
         assert body["spec"]["publishNotReadyAddresses"] is True
         assert body["spec"]["selector"] == {"app.kubernetes.io/name": "kfp-tf-multiworker",
@@ -61,17 +62,18 @@ def test_create_services_sends_headless_services_selecting_each_worker(standin, 
 def test_a_retried_create_keeps_the_existing_services(standin, api):
     first = k8s.create_services(api, "team-a", RUN_ID, 2)
     second = k8s.create_services(api, "team-a", RUN_ID, 2)
-    assert first == second and len(standin.services) == 2
-    assert [c[0] for c in standin.calls] == ["create"] * 4
+    assert first == second and len(standin.items("services")) == 2
+    assert [c.verb for c in standin.calls] == ["create"] * 4
 
 
 def test_pod_label_matches_its_service_selector(standin, api):
     k8s.create_services(api, "team-a", RUN_ID, 2)
     k8s.label_own_pod(api, "team-a", "mnist-xyz-train-worker-123", RUN_ID, 1)
-    labels = standin.pod_labels[("team-a", "mnist-xyz-train-worker-123")]
-    selector = standin.services[("team-a", k8s.service_name(RUN_ID, 1))]["spec"]["selector"]
+    labels = standin.get("pods", "team-a", "mnist-xyz-train-worker-123")["metadata"]["labels"]
+    services = standin.items("services")
+    selector = services[("team-a", k8s.service_name(RUN_ID, 1))]["spec"]["selector"]
     assert selector.items() <= labels.items()
-    other = standin.services[("team-a", k8s.service_name(RUN_ID, 0))]["spec"]["selector"]
+    other = services[("team-a", k8s.service_name(RUN_ID, 0))]["spec"]["selector"]
     assert not other.items() <= labels.items()
 
 
@@ -79,7 +81,7 @@ def test_delete_removes_only_this_runs_services_and_twice_is_fine(standin, api):
     k8s.create_services(api, "team-a", RUN_ID, 2)
     k8s.create_services(api, "team-a", "other-run", 1)
     assert sorted(k8s.delete_services(api, "team-a", RUN_ID)) == [k8s.service_name(RUN_ID, 0), k8s.service_name(RUN_ID, 1)]
-    assert list(standin.services) == [("team-a", k8s.service_name("other-run", 0))]
+    assert list(standin.items("services")) == [("team-a", k8s.service_name("other-run", 0))]
     assert k8s.delete_services(api, "team-a", RUN_ID) == []
 
 
@@ -97,7 +99,7 @@ def test_rbac_role_grants_exactly_what_the_code_calls(standin, api):
     k8s.create_services(api, "team-a", RUN_ID, 2)
     k8s.label_own_pod(api, "team-a", "pod-0", RUN_ID, 0)
     k8s.delete_services(api, "team-a", RUN_ID)
-    used = {(resource, verb) for verb, resource, _ in standin.calls}
+    used = {(call.resource, call.verb) for call in standin.calls}
     for path in sorted((ROOT / "deploy").glob("rbac-*.yaml")):
         role = next(d for d in yaml.safe_load_all(path.read_text()) if d["kind"] == "Role")
         granted = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
