@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from kfp import dsl
 
 from components.contract import declare
-from components.create_cluster import create_cluster, create_ps_cluster, delete_cluster
+from components.create_cluster import create_cluster, create_ps_cluster
 from components.evaluate import evaluate
 from components.prepare_data import prepare_data
 from components.publish_model import publish_model
@@ -18,7 +18,7 @@ from components.train_ps import train_chief, train_server
 from components.train_worker import train_worker
 
 FUNCTIONS = (prepare_data, create_cluster, create_ps_cluster, train_worker, train_chief, train_server, evaluate,
-             publish_model, delete_cluster)
+             publish_model)
 
 
 def build(image: str) -> SimpleNamespace:

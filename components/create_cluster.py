@@ -1,4 +1,4 @@
-"""The cluster steps: give every training task of the run an address, and take the addresses back at the end."""
+"""The cluster steps: give every training task of the run an address (one variant per strategy)."""
 
 
 from kfp.dsl import Artifact, Output
@@ -42,14 +42,3 @@ def create_ps_cluster(cluster: Output[Artifact], run_id: str, num_workers: int, 
     cluster.metadata.update(record)
     return [f"worker:{i}" for i in range(num_workers)] + [f"ps:{i}" for i in range(num_ps)]
 
-
-def delete_cluster(run_id: str, cluster_mode: str):
-    """Deletes every Service of the run after training, whether it succeeded or failed; twice, or nothing, is fine.
-
-    Args:
-        run_id: the pipeline run's id, as given to create_cluster.
-    """
-    from trainer import steps
-    from trainer.cli import run_step
-
-    run_step(steps.delete_cluster, run_id=run_id, cluster_mode=cluster_mode)

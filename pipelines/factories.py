@@ -1,9 +1,12 @@
 """The pipelines, one pure factory per strategy: an image and pod settings in, a KFP pipeline out.
 
     prepare data -> create cluster -> training tasks (ParallelFor) -> evaluate -> quality gate -> publish
-                                                     \\-> delete cluster (after training, whether it passed or failed)
 
 Every parameter is a setting of the contract (`trainer.config`): its default and description come from there.
+There is no exit handler: each training task creates its own Kubernetes Service when it joins and deletes it when
+its step ends, and the run's Argo Workflow owns every Service (docs/cluster.md says why: KFP runs no cleanup hook
+after a failed ParallelFor except around it in a dsl.ExitHandler, which forbids pipeline outputs, and
+kubeflow/pipelines#12390 reports a ParallelFor inside an ExitHandler failing on KFP 2.14).
 """
 
 from typing import Any, NamedTuple
@@ -34,12 +37,6 @@ def _prepare(ops: Any, source: Any, max_train_examples: Any, max_test_examples: 
     return prepared.set_display_name("prepare data").set_caching_options(True)
 
 
-def _cleanup(ops: Any, run_id: str, cluster_mode: Any, *training: Any) -> Any:
-    """Deletes the run's Services once training is over, also when it failed (`ignore_upstream_failure`)."""
-    cleanup = ops.delete_cluster(run_id=run_id, cluster_mode=cluster_mode).after(*training).ignore_upstream_failure()
-    return with_namespace(cleanup.set_display_name("delete cluster").set_caching_options(False))
-
-
 def _evaluate_and_publish(ops: Any, prepared: Any, models: Any, min_accuracy: Any, publish_uri: Any) -> Outputs:
     evaluation = ops.evaluate(dataset=prepared.outputs["dataset"], models=models, min_accuracy=min_accuracy)
     evaluation.set_display_name("evaluate").set_caching_options(False)
@@ -58,8 +55,8 @@ def mirrored_pipeline(image: str, pods: PodSettings = DEFAULT_PODS) -> Any:
 
     def pipeline(source: str, num_workers: int, epochs: int, batch_size: int, learning_rate: float,
                  max_train_examples: int, max_test_examples: int, num_shards: int, cluster_mode: str, port: int,
-                 startup_timeout: float, collective_timeout: float, max_restarts: int, checkpoint_dir: str,
-                 min_accuracy: float, publish_uri: str) -> Outputs:
+                 startup_timeout: float, unschedulable_timeout: float, collective_timeout: float, max_restarts: int,
+                 checkpoint_dir: str, min_accuracy: float, publish_uri: str) -> Outputs:
         """Multi-worker TensorFlow training of a CNN on MNIST-format data (MultiWorkerMirroredStrategy).
 
         prepare data -> create cluster -> N training workers -> evaluate -> quality gate -> publish.
@@ -72,10 +69,10 @@ def mirrored_pipeline(image: str, pods: PodSettings = DEFAULT_PODS) -> Any:
             worker = ops.train_worker(
                 dataset=prepared.outputs["dataset"], cluster=cluster.outputs["cluster"], worker_index=worker_index,
                 run_id=run_id, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
-                startup_timeout=startup_timeout, collective_timeout=collective_timeout, max_restarts=max_restarts,
-                checkpoint_dir=checkpoint_dir, cluster_mode=cluster_mode)
+                startup_timeout=startup_timeout, unschedulable_timeout=unschedulable_timeout,
+                collective_timeout=collective_timeout, max_restarts=max_restarts, checkpoint_dir=checkpoint_dir,
+                cluster_mode=cluster_mode)
             training_pod(worker.set_display_name("train worker").set_caching_options(False), pods)
-        _cleanup(ops, run_id, cluster_mode, worker)
         return _evaluate_and_publish(ops, prepared, dsl.Collected(worker.outputs["model"]), min_accuracy, publish_uri)
 
     return dsl.pipeline(name=NAMES["multi_worker_mirrored"])(declare(pipeline))
@@ -87,8 +84,8 @@ def parameter_server_pipeline(image: str, pods: PodSettings = DEFAULT_PODS) -> A
 
     def pipeline(source: str, num_workers: int, num_ps: int, epochs: int, batch_size: int, learning_rate: float,
                  max_train_examples: int, max_test_examples: int, num_shards: int, cluster_mode: str, port: int,
-                 startup_timeout: float, chief_timeout: float, status_uri: str, min_accuracy: float,
-                 publish_uri: str) -> Outputs:
+                 startup_timeout: float, unschedulable_timeout: float, chief_timeout: float, status_uri: str,
+                 min_accuracy: float, publish_uri: str) -> Outputs:
         """Parameter-server TensorFlow training of a CNN on MNIST-format data (ParameterServerStrategy).
 
         prepare data -> create cluster -> a chief + parameter servers + workers -> evaluate -> quality gate -> publish.
@@ -104,15 +101,14 @@ def parameter_server_pipeline(image: str, pods: PodSettings = DEFAULT_PODS) -> A
             chief = ops.train_chief(
                 dataset=prepared.outputs["dataset"], cluster=cluster.outputs["cluster"], run_id=run_id,
                 status_uri=status_uri, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
-                startup_timeout=startup_timeout, cluster_mode=cluster_mode)
+                startup_timeout=startup_timeout, unschedulable_timeout=unschedulable_timeout, cluster_mode=cluster_mode)
             training_pod(chief.set_display_name("train chief").set_caching_options(False), pods)
         with dsl.ParallelFor(cluster.outputs["Output"], name="parameter servers and workers") as task:
             server = ops.train_server(
                 dataset=prepared.outputs["dataset"], cluster=cluster.outputs["cluster"], task=task, run_id=run_id,
-                status_uri=status_uri, startup_timeout=startup_timeout, chief_timeout=chief_timeout,
-                cluster_mode=cluster_mode)
+                status_uri=status_uri, startup_timeout=startup_timeout, unschedulable_timeout=unschedulable_timeout,
+                chief_timeout=chief_timeout, cluster_mode=cluster_mode)
             training_pod(server.set_display_name("ps or worker").set_caching_options(False), pods)
-        _cleanup(ops, run_id, cluster_mode, chief, server)
         return _evaluate_and_publish(ops, prepared, dsl.Collected(chief.outputs["model"]), min_accuracy, publish_uri)
 
     return dsl.pipeline(name=NAMES["parameter_server"])(declare(pipeline))

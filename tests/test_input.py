@@ -6,13 +6,13 @@ import numpy as np
 import tensorflow as tf
 
 from trainer.records import load_metadata, shard_paths
-from trainer.train import TrainConfig, make_train_dataset
+from trainer.config import DataConfig
+from trainer.inputs import train_dataset
 
 
 def _batches(data_dir: str, steps: int, epochs: int) -> tuple:
     meta = load_metadata(data_dir)
-    config = TrainConfig(data_dir=data_dir, model_dir="unused", epochs=epochs, batch_size=50, shuffle_buffer=1000)
-    dataset = make_train_dataset(data_dir, meta, config, steps, 1, 0, tf.Variable(0, dtype=tf.int64))
+    dataset = train_dataset(data_dir, meta, DataConfig(shuffle_buffer=1000), 50, steps, 1, 0, tf.Variable(0, dtype=tf.int64))
     return iter(dataset), shard_paths(data_dir, meta, "train")
 
 
@@ -38,7 +38,6 @@ def test_short_epochs_decode_the_files_once(sample_data, tmp_path):
 def test_the_stream_is_declared_endless(sample_data):
     """A finite or unknown cardinality makes MultiWorkerMirroredStrategy all-reduce a has-data flag before every step."""
     meta = load_metadata(sample_data)
-    config = TrainConfig(data_dir=sample_data, model_dir="unused", epochs=2, batch_size=50)
-    dataset = make_train_dataset(sample_data, meta, config, 10, 2, 1, tf.Variable(0, dtype=tf.int64))
+    dataset = train_dataset(sample_data, meta, DataConfig(), 50, 10, 2, 1, tf.Variable(0, dtype=tf.int64))
     assert dataset.cardinality().numpy() == tf.data.INFINITE_CARDINALITY
     assert len(list(dataset.take(3 * 10))) == 30, "more batches than the configured epochs hold"

@@ -1,19 +1,19 @@
-"""Peer discovery on Kubernetes: the real `kubernetes` client over real HTTP against a local stand-in."""
+"""The run's Kubernetes objects: the real `kubernetes` client over real HTTP against the API stand-in."""
 
 import re
-from pathlib import Path
 
 import kubernetes_validate
 import pytest
 import yaml
 
 from tests.conftest import ROOT
-from tests.standins.kube import KubeStandIn
+from tests.standins.kube import Call, KubeStandIn
 from trainer import k8s
-from trainer.errors import KubernetesError, PeerUnavailableError, UsageError
+from trainer.errors import KubernetesError, UsageError
 
 RUN_ID = "0b6f5a3e-8c1d-4c53-9b8e-2f1e4d5c6a7b"
 K8S_VERSION = "1.30.0"
+WORKFLOW = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": "mnist-multiworker-x7k2p"}}
 
 
 @pytest.fixture
@@ -30,80 +30,73 @@ def api(httpserver):
 
 def test_names_are_short_dns_labels_unique_per_run():
     name = k8s.service_name(RUN_ID, 2)
-    assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= 63
+    assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= 20
     assert name == k8s.service_name(RUN_ID, 2), "stable across retries"
     assert k8s.service_name("another-run", 2) != name
-    assert k8s.worker_addresses(RUN_ID, 2, "team-a", 2222) == [
+    assert k8s.task_addresses(RUN_ID, 2, "team-a", 2222) == [
         f"{k8s.service_name(RUN_ID, 0)}.team-a.svc:2222", f"{k8s.service_name(RUN_ID, 1)}.team-a.svc:2222"]
+    assert k8s.control_address("tfw-r1-0.team-a.svc:2222") == "tfw-r1-0.team-a.svc:2223"
 
 
-def test_create_services_sends_headless_services_selecting_each_worker(standin, api, httpserver):
-    addresses = k8s.create_services(api, "team-a", RUN_ID, 3, 2222)
-    services = standin.items("services")
-    assert len(services) == 3
-    for index in range(3):
-        body = services[("team-a", k8s.service_name(RUN_ID, index))]
-        assert body["spec"]["clusterIP"] == "None"
-        assert body["spec"]["publishNotReadyAddresses"] is True
-        assert body["spec"]["selector"] == {"app.kubernetes.io/name": "kfp-tf-multiworker",
-                                            "tf-multiworker.kubeflow.org/run": k8s.run_key(RUN_ID),
-                                            "tf-multiworker.kubeflow.org/worker-index": str(index)}
-        assert body["spec"]["ports"] == [{"name": "tf-grpc", "port": 2222, "targetPort": 2222, "protocol": "TCP"}]
-        labels = body["metadata"]["labels"]
-        assert labels["app.kubernetes.io/name"] == "kfp-tf-multiworker"
-        assert labels["app.kubernetes.io/managed-by"] == "kubeflow-pipelines"
-        assert labels["pipelines.kubeflow.org/run-id"] == RUN_ID
-        assert addresses[index] == f"{body['metadata']['name']}.team-a.svc:2222"
-    request, _ = httpserver.log[0]
+def test_a_task_creates_its_headless_service_owned_by_the_run(standin, api, httpserver):
+    workflow = standin.add("workflows.argoproj.io", "team-a", WORKFLOW)
+    standin.add_pod("team-a", "mnist-x7k2p-system-container-impl-1",
+                    labels={k8s.WORKFLOW_LABEL: "mnist-multiworker-x7k2p", k8s.KFP_RUN_LABEL: RUN_ID})
+    owner = k8s.workflow_owner(api, "team-a", "mnist-x7k2p-system-container-impl-1")
+    assert owner == {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "mnist-multiworker-x7k2p",
+                     "uid": workflow["metadata"]["uid"], "blockOwnerDeletion": False}
+    assert k8s.ensure_service(api, "team-a", RUN_ID, 1, 2222, owner) is True
+    body = standin.get("services", "team-a", k8s.service_name(RUN_ID, 1))
+    assert body["spec"]["clusterIP"] == "None" and body["spec"]["publishNotReadyAddresses"] is True
+    assert body["spec"]["selector"] == {"app.kubernetes.io/name": "kfp-tf-multiworker",
+                                        "tf-multiworker.kubeflow.org/run": k8s.run_key(RUN_ID),
+                                        "tf-multiworker.kubeflow.org/worker-index": "1"}
+    assert body["spec"]["ports"] == [{"name": "tf-grpc", "port": 2222, "targetPort": 2222, "protocol": "TCP"}]
+    assert body["metadata"]["labels"]["pipelines.kubeflow.org/run-id"] == RUN_ID
+    assert body["metadata"]["ownerReferences"] == [owner]
+    request, _ = next((r, s) for r, s in httpserver.log if r.method == "POST")
     assert request.headers["Authorization"] == "Bearer test-token"
-    assert request.path == "/api/v1/namespaces/team-a/services"
+    from kubernetes import client
+
+    client.CustomObjectsApi(api.api_client).delete_namespaced_custom_object(
+        "argoproj.io", "v1alpha1", "team-a", "workflows", WORKFLOW["metadata"]["name"])
+    assert standin.items("services") == {}, "deleting the run's Workflow removes the Services it owns"
 
 
-def test_a_retried_create_keeps_the_existing_services(standin, api):
-    first = k8s.create_services(api, "team-a", RUN_ID, 2)
-    second = k8s.create_services(api, "team-a", RUN_ID, 2)
-    assert first == second and len(standin.items("services")) == 2
-    assert [c.verb for c in standin.calls] == ["create"] * 4
+def test_without_a_workflow_the_service_is_still_created_with_a_warning(standin, api, caplog):
+    standin.add_pod("team-a", "lonely-pod")
+    assert k8s.workflow_owner(api, "team-a", "lonely-pod") is None
+    assert "has no workflows.argoproj.io/workflow label" in caplog.text
+    assert k8s.workflow_owner(api, "team-a", "no-such-pod") is None
+    assert "HTTP 404" in caplog.text
 
 
-def test_pod_label_matches_its_service_selector(standin, api):
-    k8s.create_services(api, "team-a", RUN_ID, 2)
+def test_a_retried_task_keeps_its_service_and_a_missing_one_comes_back(standin, api):
+    assert k8s.ensure_service(api, "team-a", RUN_ID, 0, 2222, None) is True
+    assert k8s.ensure_service(api, "team-a", RUN_ID, 0, 2222, None) is False
+    assert k8s.delete_service(api, "team-a", RUN_ID, 0) is True
+    assert k8s.delete_service(api, "team-a", RUN_ID, 0) is False, "deleting twice is fine"
+    assert k8s.ensure_service(api, "team-a", RUN_ID, 0, 2222, None) is True, "a KFP Retry re-creates it"
+    assert list(standin.items("services")) == [("team-a", k8s.service_name(RUN_ID, 0))]
+
+
+def test_pod_label_matches_its_service_selector_and_dns_follows(standin, api):
+    for index in range(2):
+        k8s.ensure_service(api, "team-a", RUN_ID, index, 2222, None)
     k8s.label_own_pod(api, "team-a", "mnist-xyz-train-worker-123", RUN_ID, 1)
     labels = standin.get("pods", "team-a", "mnist-xyz-train-worker-123")["metadata"]["labels"]
-    services = standin.items("services")
-    selector = services[("team-a", k8s.service_name(RUN_ID, 1))]["spec"]["selector"]
-    assert selector.items() <= labels.items()
-    other = services[("team-a", k8s.service_name(RUN_ID, 0))]["spec"]["selector"]
-    assert not other.items() <= labels.items()
-
-
-def test_delete_removes_only_this_runs_services_and_twice_is_fine(standin, api):
-    k8s.create_services(api, "team-a", RUN_ID, 2)
-    k8s.create_services(api, "team-a", "other-run", 1)
-    assert sorted(k8s.delete_services(api, "team-a", RUN_ID)) == [k8s.service_name(RUN_ID, 0), k8s.service_name(RUN_ID, 1)]
-    assert list(standin.items("services")) == [("team-a", k8s.service_name("other-run", 0))]
-    assert k8s.delete_services(api, "team-a", RUN_ID) == []
+    assert standin.get("services", "team-a", k8s.service_name(RUN_ID, 1))["spec"]["selector"].items() <= labels.items()
+    assert standin.dns_records() == {f"{k8s.service_name(RUN_ID, 1)}.team-a.svc.cluster.local": ["127.0.0.1"]}
 
 
 def test_forbidden_names_verb_resource_and_namespace(standin, api):
     with pytest.raises(KubernetesError, match=r"may not create services in namespace 'locked'"):
-        k8s.create_services(api, "locked", RUN_ID, 2)
+        k8s.ensure_service(api, "locked", RUN_ID, 0, 2222, None)
     with pytest.raises(KubernetesError, match=r"may not patch pods in namespace 'locked'"):
         k8s.label_own_pod(api, "locked", "pod-1", RUN_ID, 0)
-    with pytest.raises(KubernetesError, match=r"may not list services in namespace 'locked'"):
-        k8s.delete_services(api, "locked", RUN_ID)
-
-
-def test_rbac_role_grants_exactly_what_the_code_calls(standin, api):
-    k8s.create_services(api, "team-a", RUN_ID, 2)
-    k8s.create_services(api, "team-a", RUN_ID, 2)
-    k8s.label_own_pod(api, "team-a", "pod-0", RUN_ID, 0)
-    k8s.delete_services(api, "team-a", RUN_ID)
-    used = {(call.resource, call.verb) for call in standin.calls}
-    for path in sorted((ROOT / "deploy").glob("rbac-*.yaml")):
-        role = next(d for d in yaml.safe_load_all(path.read_text()) if d["kind"] == "Role")
-        granted = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
-        assert granted == used, path.name
+    with pytest.raises(KubernetesError, match=r"may not delete services in namespace 'locked'"):
+        k8s.delete_service(api, "locked", RUN_ID, 0)
+    assert Call("create", "services", "locked", None) in standin.calls
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "deploy").glob("*.yaml")), ids=lambda p: p.name)
@@ -117,60 +110,34 @@ def test_deploy_manifests_validate_against_kubernetes_schemas(path):
 
 
 def test_service_bodies_validate_against_kubernetes_schemas():
+    owner = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "w", "uid": "1-2-3",
+             "blockOwnerDeletion": False}
     for index in range(3):
-        kubernetes_validate.validate(k8s.service_manifest(RUN_ID, index, 2222), K8S_VERSION, strict=True)
+        kubernetes_validate.validate(k8s.service_manifest(RUN_ID, index, 2222, owner), K8S_VERSION, strict=True)
 
 
 @pytest.mark.parametrize(("call", "message"), [
-    (lambda: k8s.worker_addresses(RUN_ID, 0, "ns"), "num_workers 0 is not allowed; allowed: 1 to 64"),
-    (lambda: k8s.worker_addresses(RUN_ID, 65, "ns"), "num_workers 65 is not allowed"),
-    (lambda: k8s.worker_addresses(RUN_ID, 2, "ns", 70000), "port 70000 is not allowed; allowed: an integer from 1 to 65535"),
+    (lambda: k8s.task_addresses(RUN_ID, 0, "ns"), "num_workers 0 is not allowed; allowed: 1 to 64"),
+    (lambda: k8s.task_addresses(RUN_ID, 65, "ns"), "num_workers 65 is not allowed"),
+    (lambda: k8s.task_addresses(RUN_ID, 2, "ns", 65535), "port 65535 is not allowed; allowed: an integer from 1 to 65534"),
     (lambda: k8s.service_name("", 0), "run id is empty"),
+    (lambda: k8s.label_own_pod(None, "ns", "", RUN_ID, 0), "the pod name is empty"),
 ])
 def test_bad_inputs(call, message):
     with pytest.raises(UsageError, match=re.escape(message)):
         call()
 
 
-def test_waiting_for_peers_names_the_ones_that_never_resolve():
-    k8s.wait_for_names(["localhost:2222"], timeout=1)
-    with pytest.raises(PeerUnavailableError, match=r"did not resolve within 1s: tfw-r0-1\.nowhere\.invalid:2222"):
-        k8s.wait_for_names(["localhost:2222", "tfw-r0-1.nowhere.invalid:2222"], timeout=1, interval=0.2)
+def test_pod_name_and_namespace_come_from_the_downward_api_or_the_pod_itself(monkeypatch, tmp_path):
+    import socket
 
-
-@pytest.fixture(scope="module")
-def platform(tmp_path_factory):
-    import subprocess
-    import sys
-
-    out = tmp_path_factory.mktemp("k8s") / "p.yaml"
-    result = subprocess.run([sys.executable, "pipelines/mnist.py", "--compile", "--output", str(out)], cwd=ROOT, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    pipeline, platform_spec = list(yaml.safe_load_all(Path(out).read_text()))
-    return pipeline, platform_spec["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
-
-
-def test_compiled_worker_has_downward_api_env_istio_annotation_resources_retry_timeout(platform):
-    pipeline, executors = platform
-    worker = executors["exec-train-worker"]
-    assert {(e["name"], e["fieldPath"]) for e in worker["fieldPathAsEnv"]} == {("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace")}
-    assert worker["podMetadata"]["annotations"] == {"sidecar.istio.io/inject": "false"}
-    assert worker["activeDeadlineSeconds"] == "21600" or worker["activeDeadlineSeconds"] == 21600
-    resources = pipeline["deploymentSpec"]["executors"]["exec-train-worker"]["container"]["resources"]
-    assert resources["cpuRequest"] == 1.0 and resources["cpuLimit"] == 2.0 and resources["memoryLimit"] > resources["memoryRequest"]
-    loop = next(c for c in pipeline["components"].values() if "dag" in c and "train-worker" in c["dag"]["tasks"])
-    assert loop["dag"]["tasks"]["train-worker"]["retryPolicy"]["maxRetryCount"] == 2
-    for name in ("exec-create-cluster", "exec-delete-cluster"):
-        assert executors[name]["fieldPathAsEnv"] == [{"name": "POD_NAMESPACE", "fieldPath": "metadata.namespace"}]
-
-
-def test_exit_handler_deletes_the_services(platform):
-    pipeline, _ = platform
-    tasks = pipeline["root"]["dag"]["tasks"]
-    cleanup = tasks["delete-cluster"]
-    assert cleanup["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"
-    assert cleanup["dependentTasks"] == ["exit-handler-1"]
-    run_id = cleanup["inputs"]["parameters"]["run_id"]["runtimeValue"]["constant"]
-    assert run_id == "{{$.pipeline_job_uuid}}"
-    inner = pipeline["components"]["comp-exit-handler-1"]["dag"]["tasks"]
-    assert inner["create-cluster"]["inputs"]["parameters"]["run_id"]["runtimeValue"]["constant"] == run_id
+    monkeypatch.delenv("POD_NAME", raising=False)
+    assert k8s.pod_name() == socket.gethostname(), "Kubernetes sets a pod's host name to its name"
+    monkeypatch.setenv("POD_NAME", "train-worker-0")
+    assert k8s.pod_name() == "train-worker-0"
+    monkeypatch.setenv("POD_NAMESPACE", "team-a")
+    assert k8s.namespace() == "team-a"
+    monkeypatch.delenv("POD_NAMESPACE")
+    (tmp_path / "namespace").write_text("team-b\n")
+    monkeypatch.setattr(k8s, "NAMESPACE_FILE", str(tmp_path / "namespace"))
+    assert k8s.namespace() == "team-b"

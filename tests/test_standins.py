@@ -275,15 +275,17 @@ def plain(httpserver):
 
 def test_project_code_over_plain_http_makes_and_removes_dns_names(plain):
     standin, api = plain
-    addresses = k8s.create_services(api, NS, RUN_ID, 2)
+    addresses = k8s.task_addresses(RUN_ID, 2, NS)
     for index in range(2):
+        k8s.ensure_service(api, NS, RUN_ID, index, 2222, None)
         k8s.label_own_pod(api, NS, f"train-worker-{index}", RUN_ID, index)
     assert standin.dns_records() == {f"{a.split(':')[0]}.cluster.local": ["127.0.0.1"] for a in addresses}
-    assert sorted(k8s.delete_services(api, NS, RUN_ID)) == [SVC0, SVC1]
+    for index in range(2):
+        assert k8s.delete_service(api, NS, RUN_ID, index)
     assert standin.dns_records() == {}
-    assert standin.calls == [Call("create", "services", NS, None)] * 2 + [
-        Call("patch", "pods", NS, f"train-worker-{i}") for i in range(2)] + [
-        Call("list", "services", NS, None), Call("delete", "services", NS, SVC0), Call("delete", "services", NS, SVC1)]
+    assert standin.calls == [call for i, svc in enumerate((SVC0, SVC1)) for call in (
+        Call("create", "services", NS, None), Call("patch", "pods", NS, f"train-worker-{i}"))] + [
+        Call("delete", "services", NS, SVC0), Call("delete", "services", NS, SVC1)]
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "deploy").glob("rbac-*.yaml")), ids=lambda p: p.name)
@@ -292,11 +294,11 @@ def test_the_shipped_role_is_enforced_and_is_enough(httpserver, path):
     standin = KubeStandIn(role=role)
     standin.install(httpserver)
     api = k8s.core_api(host=httpserver.url_for("").rstrip("/"))
-    k8s.create_services(api, NS, RUN_ID, 2)
     k8s.label_own_pod(api, NS, "train-worker-0", RUN_ID, 0)
-    assert len(k8s.delete_services(api, NS, RUN_ID)) == 2
+    k8s.ensure_service(api, NS, RUN_ID, 0, 2222, k8s.workflow_owner(api, NS, "train-worker-0"))
+    assert k8s.delete_service(api, NS, RUN_ID, 0)
     with pytest.raises(ApiException) as err:
-        api.read_namespaced_pod("train-worker-0", NS)
+        api.delete_namespaced_pod("train-worker-0", NS)
     assert err.value.status == 403
     standin.role = {"rules": [r for r in role["rules"] if "pods" not in r["resources"]]}
     with pytest.raises(KubernetesError, match="may not patch pods"):

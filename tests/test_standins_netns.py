@@ -33,9 +33,9 @@ for name in sys.argv[1:]:
 print(json.dumps(out))
 """
 JOIN = """import json, sys
-from trainer import k8s
+from trainer import discovery
 addresses = json.loads(sys.argv[1])
-k8s.join_cluster({"worker": addresses}, "worker", 0, sys.argv[2], timeout=20)
+discovery.join_cluster({"worker": addresses}, "worker", 0, sys.argv[2], timeout=20, unschedulable_timeout=20)
 """
 
 
@@ -69,9 +69,10 @@ def test_a_pod_labels_itself_over_https_and_resolves_its_peers(pod, tmp_path):
     with StandInCluster.start(tmp_path, pod.host_ip, namespace="default", dns_port=53) as cluster:
         standin = cluster.api
         core = client.CoreV1Api(client.ApiClient(cluster.files.configuration(cluster.https.port)))
-        addresses = k8s.create_services(core, "default", RUN_ID, 2)
+        addresses = k8s.task_addresses(RUN_ID, 2, "default")
+        k8s.ensure_service(core, "default", RUN_ID, 1, 2222, None)
         standin.add_pod("default", "train-worker-1", labels=k8s.pod_labels(RUN_ID, 1), ip=pod.host_ip)
-        env = _pod_env(**cluster.pod_env("train-worker-0"))
+        env = _pod_env(**cluster.pod_env("train-worker-0"), POD_IP=pod.pod_ip)
         joined = pod.run([sys.executable, "-c", JOIN, json.dumps(addresses), RUN_ID], env=env,
                          serviceaccount=cluster.files.serviceaccount, timeout=60)
         hosts = [a.split(":")[0] for a in addresses]

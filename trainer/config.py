@@ -159,6 +159,9 @@ class ClusterConfig(_Checked):
                         "channel uses the next one", check=int_between(1, 65534))
     startup_timeout: float = setting(120.0, "seconds to wait for every peer to join before failing with the missing "
                                      "peers' names", check=number_between(1, 86_400))
+    unschedulable_timeout: float = setting(120.0, "kubernetes mode: fail the start-up early, naming the pod and the "
+                                           "scheduler's reason, when a pod of the run has been unschedulable this "
+                                           "many seconds", check=number_between(1, 86_400))
     collective_timeout: float = setting(0.0, "seconds before one collective op fails; 0: none (a lost peer is still "
                                         "detected by heartbeats in about 10 s, and TF 2.21 leaks a thread per "
                                         "collective op when this is set)", check=number_between(0, 86_400))

@@ -1,9 +1,11 @@
-"""Peer discovery on Kubernetes: one headless Service per worker, named from the run, selecting that worker's pod.
+"""Kubernetes objects of a run: one headless Service per training task, named from the run, owned by the run.
 
-KFP pods have no stable names, so `create_cluster` creates a Service per worker whose selector matches labels
-the worker puts on its own pod when it starts. The Service's DNS name is the worker's address in TF_CONFIG and
-stays the same when KFP retries that worker. Every object carries the run's labels, so the exit handler can
-list and delete them together. Uses the `kubernetes` client (in-cluster config in a pod); no TensorFlow.
+KFP pods have no stable names, so every task has a Service named `tfw-<run key>-<index>` whose selector matches
+labels the task puts on its own pod when it starts; the Service's DNS name is the task's address in TF_CONFIG and
+stays the same when KFP retries that task. Each task creates its own Service when it joins (a missing one, after a
+KFP Retry of a failed run, comes back), and deletes it when its step ends. Each Service carries an
+ownerReference to the run's Argo Workflow, so deleting the run (or its TTL) removes whatever a killed pod left.
+Uses the `kubernetes` client (in-cluster config in a pod); no TensorFlow.
 """
 
 from __future__ import annotations
@@ -13,13 +15,11 @@ import logging
 import os
 import re
 import socket
-import time
-from collections.abc import Sequence
 from typing import Any
 
-from trainer.cluster import split_address, task_order
+from trainer.cluster import split_address
 from trainer.config import MAX_WORKERS
-from trainer.errors import KubernetesError, PeerUnavailableError, UsageError
+from trainer.errors import KubernetesError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +27,9 @@ APP = "kfp-tf-multiworker"
 RUN_LABEL = "tf-multiworker.kubeflow.org/run"
 INDEX_LABEL = "tf-multiworker.kubeflow.org/worker-index"
 RUN_ID_LABEL = "pipelines.kubeflow.org/run-id"
+KFP_RUN_LABEL = "pipeline/runid"
+WORKFLOW_LABEL = "workflows.argoproj.io/workflow"
+WORKFLOW = ("argoproj.io", "v1alpha1", "workflows", "Workflow")
 DEFAULT_PORT = 2222
 NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -44,11 +47,28 @@ def service_name(run_id: str, index: int) -> str:
     return f"tfw-{run_key(run_id)}-{index}"
 
 
-def worker_addresses(run_id: str, num_workers: int, namespace: str, port: int = DEFAULT_PORT) -> list[str]:
-    """The TF_CONFIG addresses of the run's workers: each Service's in-cluster DNS name and the gRPC port."""
-    check_workers(num_workers)
+def task_addresses(run_id: str, tasks: int, namespace: str, port: int = DEFAULT_PORT) -> list[str]:
+    """The TF_CONFIG addresses of the run's tasks: each Service's in-cluster DNS name and the gRPC port."""
+    check_workers(tasks)
     check_port(port)
-    return [f"{service_name(run_id, i)}.{namespace}.svc:{port}" for i in range(num_workers)]
+    return [f"{service_name(run_id, i)}.{namespace}.svc:{port}" for i in range(tasks)]
+
+
+def check_workers(num_workers: int) -> None:
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or not 1 <= num_workers <= MAX_WORKERS:
+        raise UsageError(f"num_workers {num_workers!r} is not allowed; allowed: 1 to {MAX_WORKERS}")
+
+
+def check_port(port: int) -> None:
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65534:
+        raise UsageError(f"port {port!r} is not allowed; allowed: an integer from 1 to 65534 (the next port is the "
+                         "supervisor's control port)")
+
+
+def control_address(address: str) -> str:
+    """The supervisor's control address beside a task's TF address: the same host, the next port."""
+    host, port = split_address(address)
+    return f"{host}:{port + 1}"
 
 
 def namespace() -> str:
@@ -68,23 +88,6 @@ def pod_name() -> str:
     return os.environ.get("POD_NAME") or socket.gethostname()
 
 
-def control_address(address: str) -> str:
-    """The supervisor's control address beside a task's TF address: the same host, the next port."""
-    host, port = split_address(address)
-    return f"{host}:{port + 1}"
-
-
-def check_workers(num_workers: int) -> None:
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or not 1 <= num_workers <= MAX_WORKERS:
-        raise UsageError(f"num_workers {num_workers!r} is not allowed; allowed: 1 to {MAX_WORKERS}")
-
-
-def check_port(port: int) -> None:
-    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65534:
-        raise UsageError(f"port {port!r} is not allowed; allowed: an integer from 1 to 65534 (the next port is the "
-                         "supervisor's control port)")
-
-
 def run_labels(run_id: str) -> dict[str, str]:
     labels = {
         "app.kubernetes.io/name": APP,
@@ -98,17 +101,20 @@ def run_labels(run_id: str) -> dict[str, str]:
 
 
 def pod_labels(run_id: str, index: int) -> dict[str, str]:
-    """The labels a worker puts on its own pod so that its Service selects it."""
+    """The labels a task puts on its own pod so that its Service selects it."""
     return {"app.kubernetes.io/name": APP, RUN_LABEL: run_key(run_id), INDEX_LABEL: str(index)}
 
 
-def service_manifest(run_id: str, index: int, port: int = DEFAULT_PORT) -> dict[str, Any]:
-    """The headless Service for one worker, as a Kubernetes manifest dict."""
+def service_manifest(run_id: str, index: int, port: int = DEFAULT_PORT, owner: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The headless Service for one task, as a Kubernetes manifest dict (owned by `owner` when given)."""
     check_port(port)
+    metadata: dict[str, Any] = {"name": service_name(run_id, index), "labels": {**run_labels(run_id), INDEX_LABEL: str(index)}}
+    if owner:
+        metadata["ownerReferences"] = [owner]
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": service_name(run_id, index), "labels": {**run_labels(run_id), INDEX_LABEL: str(index)}},
+        "metadata": metadata,
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
@@ -136,92 +142,76 @@ def core_api(host: str | None = None, token: str | None = None) -> Any:
     return client.CoreV1Api()
 
 
-def _explain(err: Any, verb: str, resource: str, namespace: str) -> KubernetesError:
+def explain(err: Any, verb: str, resource: str, namespace: str) -> KubernetesError:
+    """One line for a refused API call: what the service account may not do, or the status and its reason."""
     if err.status == 403:
         return KubernetesError(f"forbidden: the pipeline's service account may not {verb} {resource} in namespace "
-                               f"{namespace!r}; apply deploy/rbac-*.yaml (Role needs verb {verb!r} on {resource!r})")
+                               f"{namespace!r}; grant it (deploy/rbac-*.yaml: verb {verb!r} on {resource!r})")
     reason = (err.reason or "").strip()
     return KubernetesError(f"{verb} {resource} in namespace {namespace!r} failed: HTTP {err.status} {reason}")
 
 
-def create_services(api: Any, namespace: str, run_id: str, num_workers: int, port: int = DEFAULT_PORT) -> list[str]:
-    """Creates the run's Services; one that already exists (a retried step) is kept. Returns worker addresses."""
-    from kubernetes.client.exceptions import ApiException
+def workflow_owner(api: Any, namespace: str, pod: str) -> dict[str, Any] | None:
+    """An ownerReference to the Argo Workflow that runs this pod (its `workflows.argoproj.io/workflow` label).
 
-    addresses = worker_addresses(run_id, num_workers, namespace, port)
-    for index in range(num_workers):
-        body = service_manifest(run_id, index, port)
-        try:
-            api.create_namespaced_service(namespace, body)
-            log.info("created service %s", body["metadata"]["name"])
-        except ApiException as err:
-            if err.status != 409:
-                raise _explain(err, "create", "services", namespace) from None
-            log.info("service %s already exists (retried step); keeping it", body["metadata"]["name"])
-    return addresses
-
-
-def delete_services(api: Any, namespace: str, run_id: str) -> list[str]:
-    """Deletes every Service of the run; deleting what is already gone is fine. Returns the names deleted."""
+    Returns None, with a warning, when the pod has no such label or the Workflow cannot be read: the Service is
+    then removed only by its task or by hand (`kubectl delete svc -l tf-multiworker.kubeflow.org/run`).
+    """
+    from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
     try:
-        listed = api.list_namespaced_service(namespace, label_selector=selector(run_id))
+        labels = api.read_namespaced_pod(pod, namespace).metadata.labels or {}
+        name = labels.get(WORKFLOW_LABEL)
+        if not name:
+            log.warning("pod %s has no %s label; its Service will not be owned by the run", pod, WORKFLOW_LABEL)
+            return None
+        group, version, plural, kind = WORKFLOW
+        workflow = client.CustomObjectsApi(api.api_client).get_namespaced_custom_object(group, version, namespace, plural, name)
     except ApiException as err:
-        raise _explain(err, "list", "services", namespace) from None
-    deleted = []
-    for item in listed.items:
-        name = item.metadata.name
-        try:
-            api.delete_namespaced_service(name, namespace)
-            deleted.append(name)
-        except ApiException as err:
-            if err.status != 404:
-                raise _explain(err, "delete", "services", namespace) from None
-    log.info("deleted %d service(s) of run %s", len(deleted), run_id)
-    return deleted
+        log.warning("cannot find the run's Workflow for pod %s (HTTP %s %s); its Service will not be owned by the run",
+                    pod, err.status, (err.reason or "").strip())
+        return None
+    return {"apiVersion": f"{group}/{version}", "kind": kind, "name": name, "uid": workflow["metadata"]["uid"],
+            "blockOwnerDeletion": False}
 
 
-def label_own_pod(api: Any, namespace: str, pod_name: str, run_id: str, index: int) -> None:
-    """Puts this worker's labels on its own pod so that its Service selects it."""
+def ensure_service(api: Any, namespace: str, run_id: str, index: int, port: int, owner: dict[str, Any] | None) -> bool:
+    """Creates this task's Service unless it exists (a retried task keeps it). Returns whether it was created."""
     from kubernetes.client.exceptions import ApiException
 
-    if not pod_name:
-        raise UsageError("the pod name is empty; the worker op sets POD_NAME through the downward API (metadata.name)")
+    body = service_manifest(run_id, index, port, owner)
     try:
-        api.patch_namespaced_pod(pod_name, namespace, {"metadata": {"labels": pod_labels(run_id, index)}})
+        api.create_namespaced_service(namespace, body)
     except ApiException as err:
-        raise _explain(err, "patch", "pods", namespace) from None
-
-
-def wait_for_names(addresses: Sequence[str], timeout: float, interval: float = 2.0) -> None:
-    """Waits until every address's host name resolves; fails naming those that never did."""
-    deadline = time.monotonic() + timeout
-    pending = list(addresses)
-    while True:
-        pending = [a for a in pending if not _resolves(split_address(a)[0])]
-        if not pending:
-            return
-        if time.monotonic() >= deadline:
-            raise PeerUnavailableError(f"peer name(s) did not resolve within {timeout:g}s: {', '.join(pending)}")
-        time.sleep(interval)
-
-
-def _resolves(host: str) -> bool:
-    try:
-        socket.getaddrinfo(host, None)
-        return True
-    except socket.gaierror:
+        if err.status != 409:
+            raise explain(err, "create", "services", namespace) from None
         return False
+    log.info("created service %s", body["metadata"]["name"])
+    return True
 
 
-def flat_index(spec: dict[str, list[str]], job: str, index: int) -> int:
-    """A task's position in chief + workers + ps order: the index of its Service."""
-    return task_order(spec).index(spec[job][index])
+def delete_service(api: Any, namespace: str, run_id: str, index: int) -> bool:
+    """Deletes this task's Service; one already gone is fine. Returns whether it was there."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        api.delete_namespaced_service(service_name(run_id, index), namespace)
+    except ApiException as err:
+        if err.status != 404:
+            raise explain(err, "delete", "services", namespace) from None
+        return False
+    log.info("deleted service %s", service_name(run_id, index))
+    return True
 
 
-def join_cluster(spec: dict[str, list[str]], job: str, index: int, run_id: str, timeout: float) -> None:
-    """In a pod: label it so its Service selects it, then wait until every peer's name resolves."""
-    own = spec[job][index]
-    label_own_pod(core_api(), namespace(), pod_name(), run_id, flat_index(spec, job, index))
-    wait_for_names([a for addresses in spec.values() for a in addresses if a != own], timeout)
+def label_own_pod(api: Any, namespace: str, pod: str, run_id: str, index: int) -> None:
+    """Puts this task's labels on its own pod so that its Service selects it."""
+    from kubernetes.client.exceptions import ApiException
+
+    if not pod:
+        raise UsageError("the pod name is empty; the training op sets POD_NAME through the downward API (metadata.name)")
+    try:
+        api.patch_namespaced_pod(pod, namespace, {"metadata": {"labels": pod_labels(run_id, index)}})
+    except ApiException as err:
+        raise explain(err, "patch", "pods", namespace) from None

@@ -38,7 +38,8 @@ def create_cluster(output_dir: str, run_id: str, num_workers: int, cluster_mode:
                    num_ps: int = 0) -> dict[str, Any]:
     """Gives every task of the run an address (and its supervisor a control address) and writes cluster.json.
 
-    Kubernetes mode creates one headless Service per task; local mode picks free loopback ports.
+    Kubernetes mode names one headless Service per task in this pod's namespace (each task creates its own when it
+    joins); local mode picks free loopback ports.
     """
     from trainer import k8s
     from trainer.launch import local_topology
@@ -47,11 +48,8 @@ def create_cluster(output_dir: str, run_id: str, num_workers: int, cluster_mode:
     if settings.cluster_mode == "local":
         spec, control = local_topology(num_workers, num_ps)
     else:
-        if not run_id:
-            raise UsageError("run_id is empty; the pipeline passes dsl.PIPELINE_JOB_ID_PLACEHOLDER")
         tasks = num_workers + (num_ps + 1 if num_ps else 0)
-        namespace = k8s.namespace()
-        addresses = k8s.create_services(k8s.core_api(), namespace, run_id, tasks, port)
+        addresses = k8s.task_addresses(run_id, tasks, k8s.namespace(), port)
         spec = cluster_lib.assign_addresses(addresses, num_workers, num_ps)
         control = cluster_lib.assign_addresses([k8s.control_address(a) for a in addresses], num_workers, num_ps)
     record = {"cluster": spec, "control": control, "mode": cluster_mode}
@@ -98,15 +96,20 @@ def train_task(dataset: str, cluster_dir: str, job: str, index: int, model_dir: 
     Raises:
         TaskFailedError: the training process failed; its own `error:` line says why, its exit code is kept.
     """
-    from trainer import k8s
+    from trainer import discovery
     from trainer.supervisor import supervise
 
     config = _train_config(dataset, model_dir, run_id, **settings)
     record = read_cluster(cluster_dir)
     tf_config = cluster_lib.build_tf_config(record["cluster"], job, index)
-    if config.cluster.cluster_mode == "kubernetes":
-        k8s.join_cluster(record["cluster"], job, index, run_id, config.cluster.startup_timeout)
-    code = supervise(config, tf_config, record.get("control"))
+    kubernetes = config.cluster.cluster_mode == "kubernetes"
+    position = discovery.join_cluster(record["cluster"], job, index, run_id, config.cluster.startup_timeout,
+                                      config.cluster.unschedulable_timeout) if kubernetes else None
+    try:
+        code = supervise(config, tf_config, record.get("control"))
+    finally:
+        if kubernetes:
+            discovery.leave_cluster(run_id, position)
     if code:
         raise TaskFailedError(code)
     chief = cluster_lib.is_chief(tf_config)
@@ -154,12 +157,3 @@ def publish_model(model_dir: str, metrics: dict[str, Any], publish_uri: str, mod
     lineage = {"run_id": history.get("run_id", ""), "dataset": history.get("dataset"), "model_uri": model_uri or model_dir,
                "parameters": history.get("parameters", {})}
     return publish(os.path.join(model_dir, SAVED_MODEL_DIR), metrics, target.publish_uri, lineage)
-
-
-def delete_cluster(run_id: str, cluster_mode: str) -> list[str]:
-    """Deletes the run's Services (kubernetes mode); deleting twice, or nothing, is fine. Returns the names."""
-    from trainer import k8s
-
-    if ClusterConfig(cluster_mode=cluster_mode).cluster_mode != "kubernetes":
-        return []
-    return k8s.delete_services(k8s.core_api(), k8s.namespace(), run_id)

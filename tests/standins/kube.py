@@ -82,10 +82,13 @@ class KubeStandIn:
         role: an RBAC Role manifest; when set, requests it does not grant are refused with 403 Forbidden.
         user: the user named in 403 messages.
         cluster_domain: the DNS suffix of `dns_records()`.
+        pod_labels: labels of a pod created because its container patched it (Argo labels every pod with its
+            Workflow's name, KFP with the run id).
     """
 
     def __init__(self, *, token: str | None = None, forbidden_namespaces=(), role: dict | None = None,
-                 user: str = DEFAULT_USER, cluster_domain: str = "cluster.local"):
+                 user: str = DEFAULT_USER, cluster_domain: str = "cluster.local", pod_labels: dict | None = None):
+        self.pod_labels = dict(pod_labels or {})
         self.token = token
         self.forbidden = set(forbidden_namespaces)
         self.role = role
@@ -238,10 +241,12 @@ class KubeStandIn:
             return 200, current
         if verb == "delete":
             del self._objects[(key, ns, name)]
+            self._collect_garbage(current["metadata"]["uid"])
             return 200, objects.status(200, "", "", {**self._details(target), "uid": current["metadata"]["uid"]})
         if verb == "patch":
             if current is None:  # the kubelet created the pod before its container could patch it
-                current = self._create(target, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}})
+                current = self._create(target, {"apiVersion": "v1", "kind": "Pod",
+                                                "metadata": {"name": name, "labels": dict(self.pod_labels)}})
             return 200, self._patch(request, target, current)
         if verb == "update":
             return 200, self._replace(target, current, self._body(request))
@@ -307,6 +312,14 @@ class KubeStandIn:
             new["status"] = current["status"]
         self._objects[(key, ns, name)] = new
         return self._bump(new)
+
+    def _collect_garbage(self, owner_uid: str) -> None:
+        """The garbage collector: objects whose ownerReferences name a deleted object go too (and theirs)."""
+        owned = [key for key, obj in self._objects.items()
+                 if any(ref.get("uid") == owner_uid for ref in obj["metadata"].get("ownerReferences", []))]
+        for key in owned:
+            uid = self._objects.pop(key)["metadata"]["uid"]
+            self._collect_garbage(uid)
 
     def _kubelet(self, pod: dict, caller: str | None) -> None:
         status = pod.setdefault("status", {})
