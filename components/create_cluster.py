@@ -9,7 +9,6 @@ def create_cluster(cluster: Output[Artifact], run_id: str, num_workers: int, clu
 
     Args:
         cluster: cluster.json: the cluster spec every worker turns into its TF_CONFIG, and its supervisors' addresses.
-        run_id: the pipeline run's id; the Kubernetes Services are named from it.
 
     Returns:
         The worker indices [0, 1, ..., num_workers - 1]: the items of the training ParallelFor.
@@ -29,7 +28,6 @@ def create_ps_cluster(cluster: Output[Artifact], run_id: str, num_workers: int, 
 
     Args:
         cluster: cluster.json with the chief, worker and ps addresses.
-        run_id: the pipeline run's id; the Kubernetes Services are named from it.
 
     Returns:
         The server tasks ['worker:0', ..., 'ps:0', ...]: the items of the ParallelFor beside the chief.

@@ -12,9 +12,6 @@ def train_chief(dataset: Input[Dataset], cluster: Input[Artifact], model: Output
         dataset: the prepared dataset from prepare_data.
         cluster: the run's cluster.json (chief, worker and ps addresses) from create_ps_cluster.
         model: saved_model/ (serving signature on raw uint8 images), model.keras and history.json.
-        run_id: the pipeline run's id, as given to create_ps_cluster.
-        status_uri: a tf.io.gfile path every ps and worker can read (a bucket path on a cluster); the chief writes
-            its state and heartbeat there, and the servers exit when it says the job is over.
     """
     from trainer import steps
     from trainer.cli import run_step
@@ -34,8 +31,6 @@ def train_server(dataset: Input[Dataset], cluster: Input[Artifact], task: str, r
         dataset: the prepared dataset (workers read their share of it).
         cluster: the run's cluster.json from create_ps_cluster.
         task: this op's task, such as 'ps:0' or 'worker:1'.
-        run_id: the pipeline run's id, as given to create_ps_cluster.
-        status_uri: the chief's status document; succeeded -> exit 0, failed -> exit 1, stale heartbeat -> exit 138.
     """
     import tempfile
 

@@ -18,7 +18,6 @@ def train_worker(dataset: Input[Dataset], cluster: Input[Artifact], worker_index
         worker_index: this worker's index in the cluster (0 is the chief).
         model: on the chief, saved_model/ (serving signature on raw uint8 images), model.keras and history.json;
             on the other workers, only worker.json saying which worker this was.
-        run_id: the pipeline run's id, as given to create_cluster.
     """
     from trainer import steps
     from trainer.cli import run_step

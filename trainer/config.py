@@ -184,7 +184,8 @@ class RuntimeConfig(_Checked):
                                   "resumes; empty: MODEL_DIR.backup beside the model", check=text())
     status_uri: str = setting("", "parameter_server: the chief's status document that parameter servers and workers "
                               "poll; empty: MODEL_DIR.status.json", check=text())
-    run_id: str = setting("", "the pipeline run's id, recorded in the model's history for lineage", check=text())
+    run_id: str = setting("", "the pipeline run's id: it names the run's Kubernetes Services and is recorded in the "
+                          "model's history for lineage", check=text())
     threads: int = setting(0, "intra-op threads; 0: TensorFlow decides", check=int_between(0, 1024))
 
 

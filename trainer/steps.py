@@ -100,6 +100,10 @@ def train_task(dataset: str, cluster_dir: str, job: str, index: int, model_dir: 
     from trainer.supervisor import supervise
 
     config = _train_config(dataset, model_dir, run_id, **settings)
+    if config.cluster.strategy == "parameter_server" and config.cluster.cluster_mode == "kubernetes" and \
+            not config.runtime.status_uri:
+        raise UsageError("status_uri is empty; in kubernetes mode the parameter servers and workers cannot read a file "
+                         "in the chief's pod: pass a gs:// URI or a path on a volume every training pod mounts")
     record = read_cluster(cluster_dir)
     tf_config = cluster_lib.build_tf_config(record["cluster"], job, index)
     kubernetes = config.cluster.cluster_mode == "kubernetes"

@@ -1,0 +1,113 @@
+"""The configuration contract: one declaration per setting, and everything else derived from it."""
+
+import dataclasses
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from pipelines.cli import compile_pipeline
+from pipelines.factories import FACTORIES
+from tests.conftest import ROOT
+from trainer import config
+from trainer.errors import UsageError
+from trainer.flags import flag_name
+
+IMAGE = "registry.example.com/team/kfp-tf-multiworker:9.9.9"
+
+
+def test_every_setting_is_declared_once_with_help_and_a_check():
+    names = [f.name for f in config.fields()]
+    assert len(names) == len(set(names)), "a setting name belongs to one group"
+    for f in config.fields():
+        assert len(f.metadata["help"]) > 15 and isinstance(f.metadata["check"], config.Check), f.name
+        if f.default is not dataclasses.MISSING:
+            assert f.metadata["check"].ok(f.default), f"{f.name}'s own default passes its check"
+
+
+def test_overrides_name_settings_say_why_and_pass_the_check():
+    for name, override in config.PIPELINE_OVERRIDES.items():
+        assert override.value != config.default(name) and len(override.reason) > 40
+        assert config.check(name, override.value) == override.value
+
+
+@pytest.mark.parametrize(("name", "value", "allowed"), [
+    ("epochs", 0, "an integer from 1 to 100000"), ("epochs", 2.5, "an integer from 1 to 100000"),
+    ("epochs", True, "an integer from 1 to 100000"), ("learning_rate", math.nan, "a number from 1e-09 to 10"),
+    ("learning_rate", math.inf, "a number from 1e-09 to 10"), ("startup_timeout", -math.inf, "a number from 1 to 86400"),
+    ("min_accuracy", 1.5, "a number from 0 to 1"), ("cluster_mode", "docker", "kubernetes, local"),
+    ("source", "ftp://x", "'sample', 'idx:DIR_OR_URI'"), ("port", 65535, "an integer from 1 to 65534"),
+])
+def test_a_bad_value_is_named_with_what_is_allowed(name, value, allowed):
+    with pytest.raises(UsageError, match=rf"^{name} {value!r} is not allowed; allowed: ".replace("(", r"\(").replace(")", r"\)")) as err:
+        config.check(name, value)
+    assert allowed in str(err.value)
+
+
+def test_ints_are_accepted_where_numbers_are_declared():
+    assert config.ClusterConfig(startup_timeout=30).startup_timeout == 30.0
+    assert config.TrainConfig(config.RuntimeConfig("d", "m")).replace(epochs=3, seed=7).optim.epochs == 3
+
+
+@pytest.fixture(scope="module", params=list(FACTORIES))
+def compiled(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp("contract") / "p.yaml"
+    compile_pipeline(str(path), IMAGE, request.param)
+    return next(yaml.safe_load_all(path.read_text()))
+
+
+def test_every_default_and_description_in_the_yaml_comes_from_the_contract(compiled):
+    root = compiled["root"]["inputDefinitions"]["parameters"]
+    assert root, "the pipeline has parameters"
+    for name, parameter in root.items():
+        assert parameter["defaultValue"] == config.pipeline_default(name), name
+        assert parameter["description"] == config.help_text(name), name
+    component_defaults = 0
+    for component in compiled["components"].values():
+        for name, parameter in component.get("inputDefinitions", {}).get("parameters", {}).items():
+            if "defaultValue" in parameter and not name.startswith("pipelinechannel--"):
+                assert parameter["defaultValue"] == config.pipeline_default(name), name
+                assert parameter["description"] == config.help_text(name), name
+                component_defaults += 1
+    assert component_defaults >= 20
+
+
+def test_the_cli_help_shows_the_contracts_defaults():
+    from trainer import prepare, train
+
+    for parser, names in ((train.build_parser(), [n for g in train.SETTINGS.values() for n in g]),
+                          (prepare.build_parser(), prepare.SETTINGS)):
+        text = " ".join(parser.format_help().split())
+        for name in names:
+            f = config.field(name)
+            assert flag_name(f) in text, name
+            if f.default is not dataclasses.MISSING and not isinstance(f.default, bool):
+                shown = repr(f.default) if isinstance(f.default, str) else str(f.default)
+                assert f"{' '.join(f.metadata['help'].split())} (default: {shown})" in text, name
+
+
+def test_a_default_changed_once_shows_up_in_the_cli_the_components_and_the_yaml(tmp_path):
+    """Edit one default in a copy of the code, then read the CLI help, a component's default and the compiled YAML."""
+    for package in ("trainer", "components", "pipelines"):
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    source = (tmp_path / "trainer" / "config.py").read_text()
+    declaration = 'epochs: int = setting(12, "passes over the training data"'
+    assert declaration in source
+    (tmp_path / "trainer" / "config.py").write_text(source.replace(declaration, declaration.replace("(12,", "(7,")))
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    script = ("import components, yaml, sys; from pipelines.cli import compile_pipeline; "
+              f"compile_pipeline('{tmp_path}/p.yaml', '{IMAGE}'); "
+              "print(components.build('x').train_worker.component_spec.inputs['epochs'].default)")
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["7"]
+    spec = next(yaml.safe_load_all((tmp_path / "p.yaml").read_text()))
+    assert spec["root"]["inputDefinitions"]["parameters"]["epochs"]["defaultValue"] == 7
+    assert spec["components"]["comp-train-worker"]["inputDefinitions"]["parameters"]["epochs"]["defaultValue"] == 7
+    help_text = subprocess.run([sys.executable, "-m", "trainer.train", "--help"], cwd=tmp_path, env=env,
+                               capture_output=True, text=True).stdout
+    assert "passes over the training data (default: 7)" in " ".join(help_text.split())

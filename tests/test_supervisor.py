@@ -1,0 +1,122 @@
+"""The supervisor of a training task: prompt cancel, the start-up watchdog, restarts in place and their barrier."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT
+from trainer.cluster import build_tf_config
+from trainer.errors import StartupTimeoutError
+from trainer.launch import free_ports
+from trainer.supervisor import Control
+
+
+def _env(**extra):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    env.pop("TF_CONFIG", None)
+    env.update(extra)
+    return env
+
+
+def _children(pid):
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, IndexError):
+                pass
+    return found
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _stuck_worker(sample_data, tmp_path, *extra):
+    ports = free_ports(2)
+    tf_config = build_tf_config([f"localhost:{p}" for p in ports], "worker", 0)
+    return subprocess.Popen([sys.executable, "-m", "trainer.train", "--data", sample_data, "--model-dir",
+                             str(tmp_path / "model"), *extra], cwd=ROOT, env=_env(TF_CONFIG=json.dumps(tf_config)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), ports
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_during_the_start_up_join_ends_the_task_within_5_seconds(sample_data, tmp_path, sig):
+    proc, _ = _stuck_worker(sample_data, tmp_path, "--startup-timeout", "300")
+    try:
+        deadline = time.monotonic() + 60
+        while not (children := _children(proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert children, "the training process started"
+        time.sleep(8)  # inside MultiWorkerMirroredStrategy's constructor, waiting for worker 1
+        sent = time.monotonic()
+        proc.send_signal(sig)
+        code = proc.wait(timeout=30)
+        elapsed = time.monotonic() - sent
+    finally:
+        proc.kill()
+    assert code == 128 + sig, proc.stderr.read()[-2000:]
+    assert elapsed < 5, f"took {elapsed:.1f}s"
+    assert not [pid for pid in children if _alive(pid)], "no process of the task is left"
+    assert not (tmp_path / "model").exists()
+
+
+@pytest.mark.slow
+def test_the_watchdog_names_the_peer_that_never_came_and_exits_137(sample_data, tmp_path):
+    started = time.monotonic()
+    proc, ports = _stuck_worker(sample_data, tmp_path, "--startup-timeout", "8")
+    code = proc.wait(timeout=120)
+    stderr = proc.stderr.read()
+    assert code == 137
+    assert f"error: worker 0: cluster start-up did not finish within 8s; unreachable: worker 1 at localhost:{ports[1]} " \
+           "(Connection refused)" in stderr
+    assert time.monotonic() - started < 60
+    assert not (tmp_path / "model").exists()
+
+
+@pytest.mark.slow
+def test_bad_input_is_never_restarted(tmp_path):
+    """A dataset that does not exist is exit 2, once, even with restarts allowed."""
+    result = subprocess.run([sys.executable, "-m", "trainer.launch", "--workers", "2", "--max-restarts", "3", "--",
+                             "--data", str(tmp_path / "nowhere"), "--model-dir", str(tmp_path / "model")],
+                            cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=180)
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "restart" not in result.stdout + result.stderr
+    lines = [line for line in result.stdout.splitlines() if "has no metadata.json" in line]
+    assert 1 <= len(lines) <= 2, "each worker ran once (the launcher may stop the second before it reads the data)"
+
+
+def test_control_channels_say_when_a_peer_failed_and_hold_the_next_start_until_old_attempts_end():
+    ports = free_ports(2)
+    a, b = Control(ports[0], [f"localhost:{ports[1]}"]), Control(ports[1], [f"localhost:{ports[0]}"])
+    try:
+        a.set(0, "running")
+        b.set(0, "running")
+        assert a.failed_peer(0) is None and b.first_generation() == 0
+        b.set(0, "failed")
+        assert a.failed_peer(0) == f"localhost:{ports[1]}", "a's training process is stopped to restart together"
+        assert a.first_generation() == 1, "a supervisor that comes back joins the next generation"
+        with pytest.raises(StartupTimeoutError, match=rf"restart 1: peers did not stop their previous attempt within "
+                                                      rf"1s: localhost:{ports[0]}"):
+            b.barrier(1, timeout=1)
+        a.set(0, "failed")
+        b.barrier(1, timeout=5)
+        a.close()
+        assert b.peer_states() == {f"localhost:{ports[0]}": None}, "a supervisor that is gone does not answer"
+    finally:
+        a.close()
+        b.close()
