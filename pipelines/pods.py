@@ -4,11 +4,14 @@ kfp.local ignores all of it; the compiled YAML carries it (the Kubernetes platfo
 """
 
 import dataclasses
+import re
 from typing import Any
 
 from kfp import kubernetes
 
 from trainer.errors import UsageError
+
+QUANTITY = re.compile(r"^(?:\d+(?:\.\d+)?|\.\d+)(?:[numkMGTPE]|[KMGTPE]i|[eE][+-]?\d+)?$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +38,11 @@ class PodSettings:
     timeout_seconds: int = 6 * 3600
 
     def __post_init__(self) -> None:
+        for name in ("cpu_request", "cpu_limit", "memory_request", "memory_limit"):
+            value = getattr(self, name)
+            if not QUANTITY.match(value):
+                raise UsageError(f"{name} {value!r} is not allowed; allowed: a Kubernetes quantity such as 500m, 2, "
+                                 "512Mi or 4Gi")
         if self.gpus:
             raise UsageError(f"gpus {self.gpus} is not allowed; allowed: 0. The image installs the CPU build of "
                              "TensorFlow from PyPI and no CUDA libraries, so a GPU pod would train on its CPU: build a "

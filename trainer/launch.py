@@ -28,6 +28,7 @@ from typing import IO
 from trainer.cli import setup_logging
 from trainer.cluster import assign_addresses, build_tf_config
 from trainer.errors import EXIT_BAD_INPUT, UsageError
+from trainer.flags import Parser
 from trainer.train import CONTROL_ENV
 
 log = logging.getLogger(__name__)
@@ -166,7 +167,7 @@ def _shell_code(code: int) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="trainer-launch", description="Run N trainer workers on this machine with a generated TF_CONFIG each.",
+    p = Parser(prog="trainer-launch", description="Run N trainer workers on this machine with a generated TF_CONFIG each.",
                                 usage="trainer-launch --workers N [--ps P] [--max-restarts R] [--grace S] -- TRAINING_ARGS...")
     p.add_argument("--workers", type=int, required=True, help=f"number of worker processes (1 to {MAX_LOCAL_WORKERS})")
     p.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL when stopping workers")
@@ -182,11 +183,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     own, rest = (argv[: argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    args = build_parser().parse_args(own)
     setup_logging("launch ")
     try:
+        args = build_parser().parse_args(own)
         if args.max_restarts < 0:
             raise UsageError(f"max restarts {args.max_restarts} is not allowed; allowed: 0 or more")
+        if not 0 <= args.grace <= 3600:
+            raise UsageError(f"grace {args.grace!r} is not allowed; allowed: 0 to 3600 seconds")
+        if args.ps < 0:
+            raise UsageError(f"ps {args.ps} is not allowed; allowed: 0 (mirrored) or 1 to {MAX_LOCAL_WORKERS}")
         cluster, control = local_topology(args.workers, args.ps)
     except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
