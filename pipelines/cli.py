@@ -28,7 +28,10 @@ log = logging.getLogger("pipelines")
 
 IMAGE_ENV = "KFP_TF_IMAGE"
 TOKEN_FILE = "/var/run/secrets/kubeflow/pipelines/token"
-ACTIONS = ("compile", "local", "upload", "run", "schedule", "every")
+ACTIONS = {"compile": "write the pipeline YAML", "local": "run the whole pipeline here with kfp.local",
+           "upload": "upload to a KFP server (a new version if the name exists)",
+           "run": "upload, then start one run", "schedule": "upload, then create a recurring run (KFP cron: 6 fields, "
+           "seconds first)", "every": "upload, then create a recurring run every DURATION (e.g. 24h, 30m)"}
 SERVER_ACTIONS = ("upload", "run", "schedule", "every")
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*|\[[0-9a-fA-F:]+\])"
@@ -67,15 +70,17 @@ def pipeline_from_env() -> Any:
 def _action_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="pipelines/mnist.py", add_help=False, description=__doc__.splitlines()[0])
     group = parser.add_mutually_exclusive_group()
-    for action in ACTIONS:
+    for action, what in ACTIONS.items():
         metavar = {"schedule": "CRON", "every": "DURATION"}.get(action)
-        group.add_argument(f"--{action}", **({"metavar": metavar} if metavar else {"action": "store_true"}))
+        group.add_argument(f"--{action}", help=what, **({"metavar": metavar} if metavar else {"action": "store_true"}))
     return parser
 
 
 def build_parser(action: str | None) -> argparse.ArgumentParser:
     """The parser for one action: the action flags, then only the options that apply to it."""
-    parser = Parser(prog="pipelines/mnist.py", parents=[_action_parser()], description=__doc__)
+    description = __doc__ if action is None else f"{__doc__.splitlines()[0]} This is --{action}."
+    parser = Parser(prog="pipelines/mnist.py", parents=[_action_parser()], description=description,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     if action in ("compile", *SERVER_ACTIONS):
         build = parser.add_argument_group("the pipeline")
         build.add_argument("--image", default=os.environ.get(IMAGE_ENV), help=f"the image every step runs in "
@@ -98,6 +103,7 @@ def build_parser(action: str | None) -> argparse.ArgumentParser:
                            help="the quality gate before publishing")
         local.add_argument("--publish-uri", default="", help="where a model that passes the gate is published")
         local.add_argument("--output-dir", default="out/pipeline", help="the local pipeline root")
+        local.add_argument("--strategy", default="multi_worker_mirrored", help="only multi_worker_mirrored runs locally")
     if action in SERVER_ACTIONS:
         server.add_server_arguments(parser, action, pipeline_name=NAMES["multi_worker_mirrored"])
     return parser
@@ -142,6 +148,9 @@ def _compile(args: argparse.Namespace) -> None:
 
 
 def _local(args: argparse.Namespace) -> None:
+    if args.strategy != "multi_worker_mirrored":
+        raise UsageError(f"--strategy {args.strategy} is not allowed with --local: kfp.local runs at most 2 tasks at once, "
+                         "and a chief, a parameter server and a worker must all run together; use trainer-launch --ps N")
     result = run_local(args.output_dir, num_workers=args.num_workers, epochs=args.epochs, source=args.source,
                        min_accuracy=args.min_accuracy, publish_uri=args.publish_uri)
     lines = [f"pipeline finished in {result['seconds']}s", f"test accuracy: {result['accuracy']:.4f}"]

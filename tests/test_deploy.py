@@ -28,7 +28,7 @@ def cli(httpserver, capsys, monkeypatch):
     host = httpserver.url_for("").rstrip("/")
 
     def run(*args):
-        code = mnist.main([*args, "--host", host])
+        code = mnist.main([*args, "--host", host, "--image", "registry.example.com/team/kfp-tf-multiworker:0.1.0"])
         out = capsys.readouterr()
         return code, out.out, out.err
 
@@ -109,7 +109,8 @@ def test_every_sends_an_interval(kfp_server, cli):
     (["--run", "--param", "num_wrokers=2"], "--param 'num_wrokers' is not a parameter of this pipeline; allowed: batch_size"),
     (["--run", "--param", "num_workers=two"], "--param num_workers='two' is not a valid integer"),
     (["--schedule", "@daily", "--start", "tomorrow"], "--start 'tomorrow' is not an RFC 3339 time"),
-    (["--run", "--max-concurrency", "0"], "--max-concurrency 0 is not allowed"),
+    (["--every", "1h", "--max-concurrency", "0"], "--max-concurrency 0 is not allowed"),
+    (["--run", "--max-concurrency", "2"], "unrecognized arguments: --max-concurrency 2"),
 ])
 def test_bad_input_is_refused_before_any_request(kfp_server, cli, args, message):
     code, out, err = cli(*args)

@@ -12,7 +12,7 @@ import pytest
 from tests.test_faults import Streamed, _env
 from trainer import ps
 from trainer.cluster import build_tf_config, make_cluster
-from trainer.errors import EXIT_FAILED, EXIT_PEER_UNAVAILABLE
+from trainer.errors import EXIT_PEER_UNAVAILABLE, PeerUnavailableError
 from trainer.evaluate import run as evaluate
 from trainer.launch import free_ports
 
@@ -96,15 +96,18 @@ def test_status_states_decide_the_servers_exit_code(tmp_path):
     uri = str(tmp_path / "status.json")
     with ps.StatusPublisher(uri):
         assert json.loads((tmp_path / "status.json").read_text())["state"] == "running"
-    assert ps.wait_for_chief(uri, 5, 30, "ps 0") == 0
+    ps.wait_for_chief(uri, 5, 30, "ps 0")
     with pytest.raises(RuntimeError), ps.StatusPublisher(uri):
         raise RuntimeError("out of memory on the chief")
     assert json.loads((tmp_path / "status.json").read_text()) | {"heartbeat": 0} == {
         "state": "failed", "detail": "out of memory on the chief", "heartbeat": 0}
-    assert ps.wait_for_chief(uri, 5, 30, "ps 0") == EXIT_FAILED
-    assert ps.wait_for_chief(str(tmp_path / "never.json"), 1, 30, "worker 0") == EXIT_PEER_UNAVAILABLE
+    with pytest.raises(ps.ChiefFailedError, match="ps 0: the chief failed: out of memory on the chief"):
+        ps.wait_for_chief(uri, 5, 30, "ps 0")
+    with pytest.raises(PeerUnavailableError, match=r"worker 0: the chief published no status at \S+ within 1s"):
+        ps.wait_for_chief(str(tmp_path / "never.json"), 1, 30, "worker 0")
     (tmp_path / "stale.json").write_text(json.dumps({"state": "running", "heartbeat": time.time() - 100}))
-    assert ps.wait_for_chief(str(tmp_path / "stale.json"), 5, 30, "worker 1") == EXIT_PEER_UNAVAILABLE
+    with pytest.raises(PeerUnavailableError, match=r"worker 1: the chief's heartbeat at \S+ is 100s old \(limit 30s\)"):
+        ps.wait_for_chief(str(tmp_path / "stale.json"), 5, 30, "worker 1")
 
 
 def test_ps_task_under_the_mirrored_strategy_is_refused(sample_data, tmp_path, capsys):

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import run_module
+from trainer.config import DataConfig
 from trainer.errors import UsageError
 from trainer.idx import write_gz
-from trainer.config import DataConfig
 from trainer.prepare import parse_source, run, sample_dir
 from trainer.records import load_metadata, read_arrays, verify_split
 

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from tests.conftest import run_module
-from trainer.cluster import build_tf_config
 from trainer.evaluate import compute_metrics
 from trainer.evaluate import run as evaluate
 from trainer.launch import free_ports
@@ -71,30 +70,14 @@ def test_one_process_without_tf_config(sample_data, tmp_path):
 
 
 @pytest.mark.slow
-def test_worker_whose_peer_never_starts_exits_naming_it(sample_data, tmp_path):
-    ports = free_ports(2)
-    addresses = [f"localhost:{p}" for p in ports]
-    tf_config = json.dumps(build_tf_config(addresses, "worker", 0))
-    start = time.monotonic()
-    result = run_module("trainer.train", "--data", sample_data, "--model-dir", str(tmp_path / "model"),
-                        "--startup-timeout", "8", env={"TF_CONFIG": tf_config}, timeout=120)
-    elapsed = time.monotonic() - start
-    assert result.returncode != 0
-    assert f"worker 1 at localhost:{ports[1]} (Connection refused)" in result.stderr
-    assert "did not finish within 8s" in result.stderr
-    assert elapsed < 60, f"took {elapsed:.0f}s"
-    assert not (tmp_path / "model").exists()
-
-
-@pytest.mark.slow
 def test_launcher_stops_the_others_when_one_fails(sample_data, tmp_path):
-    """Worker 1 gets a bad flag and exits 2 at once; worker 0 is stuck joining and must be killed, not waited for."""
+    """A bad flag: the first worker to fail exits 2 at once and the launcher stops the other instead of waiting."""
     start = time.monotonic()
     result = run_module("trainer.launch", "--workers", "2", "--grace", "3", "--", "--data", sample_data,
                         "--model-dir", str(tmp_path / "model"), "--epochs", "0", timeout=120)
     assert result.returncode == 2
-    assert re.search(r"error: worker \d failed with exit code 2: .*epochs 0 is not allowed; allowed: an integer of at least 1",
-                     result.stderr)
+    assert re.search(r"error: worker \d failed with exit code 2: .*epochs 0 is not allowed; allowed: an integer from 1 to "
+                     r"100000", result.stderr)
     assert time.monotonic() - start < 60
     assert not (tmp_path / "model").exists()
 

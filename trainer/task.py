@@ -17,12 +17,24 @@ from trainer.config import TrainConfig
 from trainer.supervisor import CONFIG_ENV, die_with_supervisor, report_formed
 
 
+def check_topology(config: TrainConfig, tf_config: dict | None) -> None:
+    """Refuses a cluster the strategy cannot train on, before any process starts."""
+    from trainer.errors import UsageError
+    from trainer.ps import check_topology as check_ps_topology
+
+    if config.cluster.strategy == "parameter_server":
+        check_ps_topology(tf_config)
+    elif tf_config and tf_config["cluster"].get("ps"):
+        raise UsageError("TF_CONFIG has 'ps' tasks but the strategy is multi_worker_mirrored; "
+                         "allowed: no ps tasks, or --strategy parameter_server")
+
+
 def run_task(config: TrainConfig, tf_config: dict | None) -> int:
     """Runs this task of the cluster with its strategy's runner; tells the supervisor once the cluster formed."""
     from trainer import mirrored, ps
 
+    check_topology(config, tf_config)
     if config.cluster.strategy == "parameter_server":
-        ps.check_topology(tf_config)
         if tf_config["task"]["type"] in ("ps", "worker"):
             ps.run_server(config, tf_config, on_started=report_formed)
         else:

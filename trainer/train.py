@@ -79,9 +79,10 @@ def control_spec_from_env(tf_config: dict[str, Any]) -> dict[str, list[str]] | N
 
 def run(config: TrainConfig, tf_config: dict[str, Any] | None, control_spec: dict[str, list[str]] | None = None) -> int:
     """Trains in this process (one process) or under a supervisor (a cluster member); returns the exit code."""
-    if not tf_config or len(cluster_lib.task_order(tf_config["cluster"])) == 1:
-        from trainer.task import run_task
+    from trainer.task import check_topology, run_task
 
+    check_topology(config, tf_config)
+    if not tf_config or len(cluster_lib.task_order(tf_config["cluster"])) == 1:
         return run_task(config, tf_config)
     from trainer.supervisor import supervise
 
