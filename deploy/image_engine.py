@@ -83,14 +83,17 @@ def ensure_engine() -> Engine:
     on /var/run/docker.sock and keeps running after this process ends.
 
     Raises:
-        SetupError: no engine answers and this is not root, DOCKER_HOST names an engine that does not answer,
-            or dockerd did not come up.
+        SetupError: no engine answers and this is not root (or the socket is not open to this user), DOCKER_HOST
+            names an engine that does not answer, or dockerd did not come up.
     """
     engine = answering_engine()
     if engine:
         return engine
     if os.environ.get("DOCKER_HOST"):
         raise SetupError(f"DOCKER_HOST={os.environ['DOCKER_HOST']} does not answer `docker info`; start that engine or unset DOCKER_HOST")
+    socket = Path(SOCKET.removeprefix("unix://"))
+    if os.geteuid() != 0 and socket.exists() and not os.access(socket, os.R_OK | os.W_OK):
+        raise SetupError(f"{socket} is not open to this user: add it to the docker group, or run as root")
     if os.geteuid() != 0:
         raise SetupError("no Docker Engine answers `docker info`: start one, or run as root to have Debian's docker.io "
                          "installed and dockerd started")

@@ -131,6 +131,7 @@ def test_nothing_the_build_is_given_names_the_mirror(tmp_path, monkeypatch):
     engine = image_engine.Engine("docker", str(image_engine.DATA_ROOT))
     argv = image.build_command(engine, ["docker", "build"], options, "kfp-tf-multiworker:0.1.0")
     assert argv[-1] == str(ROOT) and argv[argv.index("--network") + 1] == "host"
+    assert "--network" not in image.build_command(image_engine.Engine("docker", "/var/lib/docker"), ["docker", "build"], [], "t")
     assert not tmp_path.is_relative_to(ROOT)
     written = " ".join(argv) + "".join(p.read_text() for p in tmp_path.iterdir())
     assert MIRROR_HOST not in written
@@ -160,6 +161,7 @@ def test_builder_is_buildx_or_a_cli_with_built_in_buildkit(tmp_path):
 def test_without_an_engine_a_non_root_user_gets_one_error_line_and_exit_2(monkeypatch, capsys):
     monkeypatch.setattr(image_engine, "answering_engine", lambda: None)
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(image_engine, "SOCKET", "unix:///nonexistent/docker.sock")
     monkeypatch.delenv("DOCKER_HOST", raising=False)
     assert image.main(["engine"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
