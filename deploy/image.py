@@ -1,0 +1,149 @@
+"""Builds the project's one image on any machine with one command (`make image`).
+
+    python3 deploy/image.py build [--tag TAG]   # engine, base image, then the Dockerfile with pip secrets
+    python3 deploy/image.py engine              # only make sure a Docker Engine runs (for test harnesses)
+    python3 deploy/image.py base                # engine and the Dockerfile's base image
+
+A Docker Engine that answers is used as it is. Otherwise, as root, Debian's docker.io is installed and dockerd started
+here (see image_engine). A base image that cannot be pulled is made locally (image_base). pip inside the build gets the
+host's pip settings and CA bundle as BuildKit secrets (image_secrets), so neither ends up in a layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from image_base import base_image, ensure_base
+from image_common import SetupError, log, run
+from image_engine import Engine, ensure_engine, find_builder
+from image_secrets import host_pip_settings, write_secrets
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKERFILE = ROOT / "Dockerfile"
+_NAME = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_TAG = re.compile(rf"^(?:[a-zA-Z0-9.-]+(?::\d+)?/)?{_NAME}(?:/{_NAME})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?$")
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    """The result of a build.
+
+    Attributes:
+        tag: the image's name.
+        image_id: its id (sha256:...).
+        size: its size in bytes, as `docker image inspect` reports it.
+        build_seconds: wall time of `docker build`.
+        total_seconds: wall time including engine and base image.
+        base: how the base image was obtained ("present", "pulled" or "stand-in").
+    """
+
+    tag: str
+    image_id: str
+    size: int
+    build_seconds: float
+    total_seconds: float
+    base: str
+
+
+def version(root: Path = ROOT) -> str:
+    """The package version in trainer/__init__.py."""
+    match = re.search(r'^__version__\s*=\s*"([^"]+)"', (root / "trainer" / "__init__.py").read_text(), re.MULTILINE)
+    if not match:
+        raise SetupError("trainer/__init__.py has no __version__")
+    return match.group(1)
+
+
+def check_tag(tag: str) -> str:
+    """Returns `tag` if it is a valid image reference.
+
+    Raises:
+        SetupError: it is not.
+    """
+    if not _TAG.match(tag):
+        raise SetupError(f"--tag {tag!r} is not an image name: allowed is [REGISTRY/]NAME[:TAG], NAME lowercase letters, "
+                         "digits and separators . _ -")
+    return tag
+
+
+def build_command(engine: Engine, builder_argv: list[str], secret_options: list[str], tag: str,
+                  dockerfile: Path = DOCKERFILE, context: Path = ROOT) -> list[str]:
+    """The `docker build` command: the host network on the engine started here (it has no NAT), secrets, tag."""
+    network = ["--network", "host"] if engine.managed else []
+    return [*builder_argv, *network, *secret_options, "--tag", tag, "--file", str(dockerfile), str(context)]
+
+
+def build(tag: str, dockerfile: Path = DOCKERFILE, context: Path = ROOT) -> BuiltImage:
+    """Engine, base image, then `docker build` of `dockerfile` with the host's pip settings and CA as secrets.
+
+    Raises:
+        SetupError: a prerequisite is missing, or a step failed (the build's own output is shown as it runs).
+    """
+    started = time.monotonic()
+    engine = ensure_engine()
+    base = ensure_base(engine.cli, base_image(dockerfile))
+    builder = find_builder()
+    with tempfile.TemporaryDirectory(prefix="kfp-image-secrets-") as secrets:
+        argv = build_command(engine, list(builder.argv), write_secrets(Path(secrets), host_pip_settings()), tag, dockerfile, context)
+        log.info("building %s with %s", tag, " ".join(builder.argv))
+        build_started = time.monotonic()
+        code = subprocess.run(argv, env={**os.environ, **dict(builder.env)}).returncode
+        build_seconds = time.monotonic() - build_started
+    if code != 0:
+        raise SetupError(f"docker build of {tag} failed (exit {code}), output above", exit_code=1)
+    inspected = run([engine.cli, "image", "inspect", "--format", "{{.Id}} {{.Size}}", tag], timeout=60).stdout.split()
+    if len(inspected) != 2:
+        raise SetupError(f"the build reported success but the engine has no image {tag}", exit_code=1)
+    return BuiltImage(tag, inspected[0], int(inspected[1]), build_seconds, time.monotonic() - started, base)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise SetupError(f"{message} (usage: {self.format_usage().strip().removeprefix('usage: ')})")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = _Parser(prog="deploy/image.py", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    build_parser = commands.add_parser("build", help="build the image (engine and base image first)")
+    build_parser.add_argument("--tag", help="image name (default kfp-tf-multiworker:<trainer version>)")
+    commands.add_parser("engine", help="only make sure a Docker Engine runs")
+    commands.add_parser("base", help="make sure the Dockerfile's base image is in the engine")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The CLI: one `error:` line and exit 2 for bad input or a missing prerequisite, 1 for a failed step."""
+    logging.basicConfig(level=logging.INFO, format="image: %(message)s", stream=sys.stderr)
+    try:
+        args = parse_args(argv)
+        if args.command == "engine":
+            engine = ensure_engine()
+            print(f"Docker Engine ready: {engine.cli}, data root {engine.root_dir}")
+        elif args.command == "base":
+            engine = ensure_engine()
+            name = base_image(DOCKERFILE)
+            print(f"base image {name}: {ensure_base(engine.cli, name)}")
+        else:
+            built = build(check_tag(args.tag or f"kfp-tf-multiworker:{version()}"))
+            print(f"image {built.tag} id {built.image_id} size {built.size / 1e9:.2f} GB ({built.size} bytes); "
+                  f"docker build {built.build_seconds:.1f} s, total {built.total_seconds:.1f} s (base image: {built.base})")
+    except SetupError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
