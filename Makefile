@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 OUT ?= out
 FASHION_DIR := /usr/share/datasets/fashion-mnist
 
-.PHONY: run run-trainer test lint compile fashion bench image clean
+.PHONY: run run-trainer test e2e lint compile fashion bench image clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,10 @@ fashion: $(STAMP) $(FASHION_DIR)
 ## Benchmarks (docs/benchmarks.md); `make bench ARGS=--quick` for the 3-minute version.
 bench: $(STAMP) $(FASHION_DIR)
 	$(PY) bench/run.py $(ARGS)
+
+## The image, then the whole pipeline in containers of it in Kubernetes mode (root, or a running Docker Engine).
+e2e: $(STAMP) image
+	$(PY) -m pytest -m "image or e2e" tests/test_image.py tests/test_e2e.py
 
 ## The one image (Dockerfile), kfp-tf-multiworker:<version> or TAG=...; as root it starts a Docker Engine if none runs.
 image:

@@ -50,9 +50,9 @@ def test_join_creates_the_service_labels_the_pod_and_waits_for_its_own_name_too(
     own = standin.get("services", NS, k8s.service_name(RUN_ID, 0))
     assert own["metadata"]["ownerReferences"][0]["uid"] == standin.get("workflows.argoproj.io", NS, WORKFLOW["metadata"]["name"])["metadata"]["uid"]
     pod = "mnist-multiworker-q9z-system-container-impl-1001"
-    assert standin.calls[:4] == [Call("patch", "pods", NS, pod), Call("get", "pods", NS, pod),
+    assert standin.calls[:4] == [Call("get", "pods", NS, pod),
                                  Call("get", "workflows.argoproj.io", NS, WORKFLOW["metadata"]["name"]),
-                                 Call("create", "services", NS, None)]
+                                 Call("create", "services", NS, None), Call("patch", "pods", NS, pod)]
     assert resolve(SPEC["worker"][0].split(":")[0]) == {"127.0.0.1"}, "its own name leads to its own pod IP"
     discovery.leave_cluster(RUN_ID, position, api=api)
     assert standin.get("services", NS, k8s.service_name(RUN_ID, 0)) is None

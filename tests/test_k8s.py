@@ -67,8 +67,9 @@ def test_without_a_workflow_the_service_is_still_created_with_a_warning(standin,
     standin.add_pod("team-a", "lonely-pod")
     assert k8s.workflow_owner(api, "team-a", "lonely-pod") is None
     assert "has no workflows.argoproj.io/workflow label" in caplog.text
-    assert k8s.workflow_owner(api, "team-a", "no-such-pod") is None
-    assert "HTTP 404" in caplog.text
+    standin.forbidden.add("locked")
+    assert k8s.workflow_owner(api, "locked", "any-pod") is None
+    assert "HTTP 403" in caplog.text
 
 
 def test_a_retried_task_keeps_its_service_and_a_missing_one_comes_back(standin, api):

@@ -60,8 +60,8 @@ def join_cluster(spec: dict[str, list[str]], job: str, index: int, run_id: str, 
     tasks = tasks_in_order(spec)
     position = [address for _, address in tasks].index(spec[job][index])
     port = split_address(spec[job][index])[1]
-    k8s.label_own_pod(api, namespace, pod, run_id, position)
     k8s.ensure_service(api, namespace, run_id, position, port, k8s.workflow_owner(api, namespace, pod))
+    k8s.label_own_pod(api, namespace, pod, run_id, position)
     wait_for_names(api, namespace, run_id, tasks, position, own_ip(), timeout, unschedulable_timeout, resolve)
     return position
 

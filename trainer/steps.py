@@ -106,6 +106,7 @@ def train_task(dataset: str, cluster_dir: str, job: str, index: int, model_dir: 
                          "in the chief's pod: pass a gs:// URI or a path on a volume every training pod mounts")
     record = read_cluster(cluster_dir)
     tf_config = cluster_lib.build_tf_config(record["cluster"], job, index)
+    log.info("%s %d joins the cluster %s", job, index, json.dumps(record["cluster"]))
     kubernetes = config.cluster.cluster_mode == "kubernetes"
     position = discovery.join_cluster(record["cluster"], job, index, run_id, config.cluster.startup_timeout,
                                       config.cluster.unschedulable_timeout) if kubernetes else None

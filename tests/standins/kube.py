@@ -7,8 +7,9 @@ Every call is recorded as a `Call(verb, resource, namespace, name)` (grouped res
 kubectl writes them) so tests can compare the calls with an RBAC Role; a Role can also be enforced.
 
 Two behaviours stand in for the rest of a cluster:
-- the kubelet: a pod PATCHed (or created) by a client at address A, and having no IP yet, gets `status.podIP` A
-  and phase Running; a PATCH of a pod that does not exist creates it first (the kubelet had);
+- the kubelet: a pod read, PATCHed or created by a client at address A, and having no IP yet, gets `status.podIP` A
+  and phase Running; a GET or PATCH of a pod that does not exist creates it first (the kubelet had, with
+  `pod_labels`);
 - cluster DNS: `dns_records()` maps `<svc>.<ns>.svc.<domain>` to the IPs of the pods its selector matches.
 
 Serve it with `install(httpserver)` (pytest-httpserver, plain HTTP) or `serve_https(...)` (a thread); both
@@ -235,7 +236,11 @@ class KubeStandIn:
         if verb == "watch":
             raise _Failure(405, "MethodNotAllowed", "the stand-in does not support watch")
         current = self._objects.get((key, ns, name))
-        if current is None and not (verb == "patch" and key == "pods"):
+        if current is None and key == "pods" and verb in ("get", "patch"):  # the kubelet made it before its container ran
+            current = self._create(target, {"apiVersion": "v1", "kind": "Pod",
+                                            "metadata": {"name": name, "labels": dict(self.pod_labels)}},
+                                   request.remote_addr)
+        if current is None:
             raise _Failure(404, "NotFound", f'{key} "{name}" not found', self._details(target))
         if verb == "get":
             return 200, current
@@ -244,9 +249,6 @@ class KubeStandIn:
             self._collect_garbage(current["metadata"]["uid"])
             return 200, objects.status(200, "", "", {**self._details(target), "uid": current["metadata"]["uid"]})
         if verb == "patch":
-            if current is None:  # the kubelet created the pod before its container could patch it
-                current = self._create(target, {"apiVersion": "v1", "kind": "Pod",
-                                                "metadata": {"name": name, "labels": dict(self.pod_labels)}})
             return 200, self._patch(request, target, current)
         if verb == "update":
             return 200, self._replace(target, current, self._body(request))

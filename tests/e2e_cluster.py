@@ -1,0 +1,97 @@
+"""The pieces of `make e2e`: pods that are containers of the real image on a Docker network, and a cluster to run in.
+
+- `docker_network()`: the Docker network whose gateway is this machine's address in 198.18.0.0/15 (the default
+  bridge of the engine `make image` starts; else a user network made here in 198.18.42.0/24).
+- `StandInCluster` (tests/standins) on that gateway: the Kubernetes API over HTTPS, cluster DNS on port 53, and the
+  service-account files.
+- `pod_image(...)`: a thin test-only layer `FROM` the real image with what the kubelet gives every pod (the
+  service-account files and `KUBERNETES_SERVICE_HOST/PORT`); the real image never holds them.
+- `docker_runner(...)`: kfp.local's DockerRunner with the pods' resolver settings; each container's host name is
+  its pod name and /etc/hosts maps it to the container's IP, as in a pod.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.standins.cluster import StandInCluster, search_domains
+from tests.standins.incluster import SERVICEACCOUNT_MOUNT
+
+ALLOWED = ipaddress.ip_network("198.18.0.0/15")
+OWN_NETWORK = ("kfp-tf-e2e", "198.18.42.0/24", "198.18.42.1")
+NAMESPACE = "kubeflow-user-e2e"
+API_PORT = 6443
+WORKFLOW = "mnist-multiworker-e2e01"
+
+
+def docker_network(client: Any) -> tuple[str, str]:
+    """(network name, gateway address) of a Docker network inside 198.18.0.0/15."""
+    bridge = client.networks.get("bridge")
+    gateways = [c.get("Gateway") for c in bridge.attrs["IPAM"]["Config"] if c.get("Gateway")]
+    if gateways and ipaddress.ip_address(gateways[0]) in ALLOWED:
+        return "bridge", gateways[0]
+    import docker
+
+    name, subnet, gateway = OWN_NETWORK
+    try:
+        client.networks.get(name)
+    except docker.errors.NotFound:
+        client.networks.create(name, driver="bridge", ipam=docker.types.IPAMConfig(
+            pool_configs=[docker.types.IPAMPool(subnet=subnet, gateway=gateway)]))
+    return name, gateway
+
+
+def start_cluster(directory: Path, gateway: str) -> StandInCluster:
+    """The stand-in cluster on the gateway, with the run's Argo Workflow (whose name Argo puts on every pod)."""
+    cluster = StandInCluster.start(directory, gateway, namespace=NAMESPACE, api_port=API_PORT, dns_port=53,
+                                   pod_labels={"workflows.argoproj.io/workflow": WORKFLOW})
+    cluster.api.add("workflows.argoproj.io", NAMESPACE, {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+                                                         "metadata": {"name": WORKFLOW}})
+    return cluster
+
+
+def pod_image(client: Any, base: str, cluster: StandInCluster) -> str:
+    """Builds the test-only layer on `base`: the service-account files and the API's address, as a kubelet gives."""
+    import shutil
+
+    tag = f"{base.rsplit(':', 1)[0]}-e2e-pod:{int(time.time())}"
+    with tempfile.TemporaryDirectory() as context:
+        shutil.copytree(cluster.files.serviceaccount, Path(context) / "serviceaccount")
+        env = " ".join(f"{k}={v}" for k, v in cluster.files.env(cluster.https.port).items())
+        (Path(context) / "Dockerfile").write_text(
+            f"FROM {base}\nCOPY serviceaccount/ {SERVICEACCOUNT_MOUNT}/\nENV {env}\n")
+        client.images.build(path=context, tag=tag, rm=True)
+    return tag
+
+
+def docker_runner(network: str, cluster: StandInCluster) -> Any:
+    """kfp.local's DockerRunner whose containers resolve names through the stand-in's DNS like a pod."""
+    from kfp import local
+
+    return local.DockerRunner(network_mode=network, dns=[cluster.files.host], dns_opt=["ndots:5"],
+                              dns_search=search_domains(NAMESPACE, cluster.api.cluster_domain))
+
+
+def pipeline_root() -> Path:
+    """A fresh pipeline root the containers' user (uid 1000) can write; kfp.local mounts it at the same path."""
+    root = Path(tempfile.mkdtemp(prefix="kfp-tf-e2e-"))
+    os.chmod(root, 0o1777)
+    return root
+
+
+def training_containers(client: Any, image: str) -> dict[int, Any]:
+    """The running train_worker containers of `image`, by worker index (read from their logs once they joined)."""
+    found = {}
+    for container in client.containers.list(filters={"ancestor": image}):
+        if "train_worker" not in " ".join(container.attrs["Args"]):
+            continue
+        logs = container.logs().decode(errors="replace")
+        for index in (0, 1):
+            if f"this is worker {index} " in logs:
+                found[index] = container
+    return found

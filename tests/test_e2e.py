@@ -1,0 +1,138 @@
+"""The whole pipeline as a cluster runs it: every step a container of the real image (kfp.local's DockerRunner), in
+Kubernetes mode, against the API stand-in over HTTPS (in-cluster config) and the DNS stand-in, on a Docker network in
+198.18.0.0/15. Marked `e2e`: `make e2e` runs it after `make image` (root, or a running Docker Engine).
+"""
+
+import ipaddress
+import json
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import trainer
+from pipelines.factories import mirrored_pipeline
+from tests import e2e_cluster
+
+pytestmark = pytest.mark.e2e
+IMAGE = f"kfp-tf-multiworker:{trainer.__version__}"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    import docker
+
+    client = docker.from_env()
+    try:
+        client.images.get(IMAGE)
+    except docker.errors.ImageNotFound:
+        pytest.fail(f"the engine has no image {IMAGE}: build it with `make image`")
+    network, gateway = e2e_cluster.docker_network(client)
+    stand_in = e2e_cluster.start_cluster(tmp_path_factory.mktemp("cluster"), gateway)
+    image = e2e_cluster.pod_image(client, IMAGE, stand_in)
+    try:
+        yield client, network, stand_in, image
+    finally:
+        stand_in.stop()
+        client.images.remove(image, force=True)
+        client.close()
+
+
+def _run(cluster, root, **arguments):
+    from kfp import local
+
+    client, network, stand_in, image = cluster
+    local.init(runner=e2e_cluster.docker_runner(network, stand_in), pipeline_root=str(root), raise_on_error=False)
+    return mirrored_pipeline(image)(cluster_mode="kubernetes", source="sample", num_workers=2, **arguments)
+
+
+def _no_container_left(client, image, wait=20):
+    """Whether every container of `image` is gone (kfp.local starts them with auto-remove, which takes a moment)."""
+    deadline = time.monotonic() + wait
+    while client.api.containers(all=True, filters={"ancestor": image}):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
+def _lifecycle(calls):
+    """Per pod: the order of its Service's create and delete and its own patch."""
+    return [c for c in calls if (c.verb, c.resource) in {("create", "services"), ("patch", "pods"), ("delete", "services")}]
+
+
+def test_the_pipeline_trains_in_containers_finding_each_other_by_service_name(cluster, capfd):
+    client, network, stand_in, image = cluster
+    root = e2e_cluster.pipeline_root()
+    stand_in.api.calls.clear()
+    started = time.monotonic()
+    outputs = _run(cluster, root, epochs=6, min_accuracy=0.95, publish_uri=str(root / "published")).outputs
+    seconds = time.monotonic() - started
+    logs = capfd.readouterr().out
+    assert outputs["accuracy"] >= 0.95, logs[-4000:]
+
+    addresses = re.findall(r"worker 0 joins the cluster \{\"worker\": \[(.*?)\]\}", logs)
+    assert addresses, logs[-3000:]
+    names = re.findall(r'"(tfw-r[0-9a-f]{10}-\d)\.kubeflow-user-e2e\.svc:2222"', addresses[0])
+    assert len(names) == 2, "the TF_CONFIG addresses are the Services' DNS names"
+    pods = stand_in.api.items("pods", e2e_cluster.NAMESPACE)
+    ips = {p["status"]["podIP"] for p in pods.values()}
+    subnet = ipaddress.ip_network(client.networks.get(network).attrs["IPAM"]["Config"][0]["Subnet"])
+    assert len(ips) == 2 and all(ipaddress.ip_address(ip) in subnet for ip in ips), "two containers, each its IP"
+    assert len(re.findall(r"cluster formed: 2 workers", logs)) == 2, "they trained together over TF gRPC"
+
+    lifecycle = _lifecycle(stand_in.api.calls)
+    creates = [i for i, c in enumerate(lifecycle) if c.verb == "create"]
+    patches = [i for i, c in enumerate(lifecycle) if c.verb == "patch"]
+    deletes = [i for i, c in enumerate(lifecycle) if c.verb == "delete"]
+    assert len(creates) == len(patches) == len(deletes) == 2 and max(creates) < max(patches) and max(patches) < min(deletes)
+    assert {c.name for c in lifecycle if c.verb == "delete"} == set(names)
+    assert stand_in.api.items("services") == {}, "no Service of the run is left"
+    assert _no_container_left(client, image), "no container of the run is left"
+
+    model = Path(outputs["model"].path)
+    assert (model / "saved_model" / "saved_model.pb").is_file() and Path(outputs["report"].path).is_file()
+    latest = json.loads((root / "published" / "latest.json").read_text())
+    assert latest["metrics"]["accuracy"] == outputs["accuracy"] and (root / "published" / str(latest["version"])).is_dir()
+    print(f"e2e run: {seconds:.0f}s, accuracy {outputs['accuracy']:.4f}")
+
+
+def test_a_worker_container_killed_mid_training_fails_the_run_fast_naming_the_lost_peer(cluster, capfd):
+    client, network, stand_in, image = cluster
+    root = e2e_cluster.pipeline_root()
+    stand_in.api.calls.clear()
+    killed = {}
+
+    def kill_worker_1():
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            workers = e2e_cluster.training_containers(client, image)
+            if 1 in workers and "epoch 2:" in workers[1].logs().decode(errors="replace"):
+                workers[1].kill()
+                killed["at"] = time.monotonic()
+                return
+            time.sleep(1)
+
+    killer = threading.Thread(target=kill_worker_1, daemon=True)
+    killer.start()
+    result = _run(cluster, root, epochs=30, max_restarts=0, startup_timeout=120.0)
+    ended = time.monotonic()
+    killer.join(timeout=10)
+    logs = capfd.readouterr().out
+    assert "at" in killed, logs[-3000:]
+    assert ended - killed["at"] < 60, f"the run ended {ended - killed['at']:.0f}s after the kill"
+    assert result.outputs == {} or not result.outputs, "the run failed"
+    assert re.search(r"error: lost contact with a peer during training \(worker 1 at tfw-r[0-9a-f]{10}-1\."
+                     r"kubeflow-user-e2e\.svc:2222 \(", logs), logs[-4000:]
+    left = stand_in.api.items("services")
+    assert len(left) <= 1, "the surviving worker deleted its own Service"
+    owner = [ref["name"] for svc in left.values() for ref in svc["metadata"]["ownerReferences"]]
+    assert owner in ([], [e2e_cluster.WORKFLOW]), "what the killed pod left is owned by the run's Workflow"
+    from kubernetes import client as k8s_client
+
+    api = k8s_client.CustomObjectsApi(k8s_client.ApiClient(stand_in.files.configuration(stand_in.https.port)))
+    api.delete_namespaced_custom_object("argoproj.io", "v1alpha1", e2e_cluster.NAMESPACE, "workflows", e2e_cluster.WORKFLOW)
+    assert stand_in.api.items("services") == {}, "deleting the run removes the rest"
+    assert _no_container_left(client, image), "no container of the run is left"
