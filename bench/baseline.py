@@ -1,6 +1,6 @@
 """The baseline users compare us with: a plain single-process tf-keras `fit` on in-memory numpy arrays.
 
-    python bench/baseline.py --data PREPARED_DIR --epochs 3 --batch-size 64   -> one JSON line on stdout
+python bench/baseline.py --data PREPARED_DIR --epochs 3 --batch-size 64   -> one JSON line on stdout
 """
 
 import argparse
@@ -19,7 +19,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--learning-rate", type=float, default=0.001)
     parser.add_argument("--examples", type=int, default=0, help="train on the first N examples only (0: all)")
-    parser.add_argument("--steps-per-execution", type=int, default=1, help="Keras compile option (default 1, Keras' own default)")
+    parser.add_argument(
+        "--steps-per-execution", type=int, default=1, help="Keras compile option (default 1, Keras' own default)"
+    )
     args = parser.parse_args()
 
     import tf_keras as keras
@@ -29,10 +31,15 @@ def main() -> None:
 
     images, labels, meta = read_arrays(args.data, "train")
     if args.examples:
-        images, labels = images[:args.examples], labels[:args.examples]
+        images, labels = images[: args.examples], labels[: args.examples]
     x = images.astype("float32")
     keras.utils.set_random_seed(42)
-    model = build_model(tuple(meta["image_shape"]), meta["num_classes"], args.learning_rate, steps_per_execution=args.steps_per_execution)
+    model = build_model(
+        tuple(meta["image_shape"]),
+        meta["num_classes"],
+        args.learning_rate,
+        steps_per_execution=args.steps_per_execution,
+    )
     times = []
 
     class Timer(keras.callbacks.Callback):

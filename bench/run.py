@@ -38,7 +38,9 @@ def _run(args, env=None, timeout=1800):
     started = time.perf_counter()
     result = subprocess.run(args, cwd=ROOT, env=env or _env(), capture_output=True, text=True, timeout=timeout)
     if result.returncode:
-        raise SystemExit(f"benchmark step failed ({' '.join(map(str, args[:6]))}...):\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
+        raise SystemExit(
+            f"benchmark step failed ({' '.join(map(str, args[:6]))}...):\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+        )
     return result, time.perf_counter() - started
 
 
@@ -58,7 +60,7 @@ def matmul_gflops(size=2048, repeats=20):
     for _ in range(repeats):
         c = tf.matmul(a, b)
     c.numpy()
-    return 2 * size ** 3 * repeats / (time.perf_counter() - started) / 1e9
+    return 2 * size**3 * repeats / (time.perf_counter() - started) / 1e9
 
 
 def bench_model(meta):
@@ -120,7 +122,17 @@ def import_seconds(statement, repeats=3):
 def train_run(data, work, name, workers, epochs, *extra, env=None, ps=0, examples=0, batch=64):
     """One trainer run through the launcher (or one process with `workers=0`); `examples` per epoch when set."""
     model_dir = work / name
-    args = ["--data", str(data), "--model-dir", str(model_dir), "--epochs", str(epochs), "--batch-size", str(batch), *extra]
+    args = [
+        "--data",
+        str(data),
+        "--model-dir",
+        str(model_dir),
+        "--epochs",
+        str(epochs),
+        "--batch-size",
+        str(batch),
+        *extra,
+    ]
     if examples:
         args += ["--steps-per-epoch", str(max(1, examples // (batch * max(workers, 1))))]
     if workers:
@@ -129,14 +141,30 @@ def train_run(data, work, name, workers, epochs, *extra, env=None, ps=0, example
         command = [sys.executable, "-m", "trainer.train", *args]
     _, wall = _run(command, env=env)
     history = json.loads((model_dir / "history.json").read_text())
-    return {"examples_per_second": steady(history["epochs"]), "wall_seconds": wall, "history": history,
-            "step_seconds": statistics.mean(e["seconds"] for e in history["epochs"][1:]) / history["steps_per_epoch"],
-            "model_dir": str(model_dir)}
+    return {
+        "examples_per_second": steady(history["epochs"]),
+        "wall_seconds": wall,
+        "history": history,
+        "step_seconds": statistics.mean(e["seconds"] for e in history["epochs"][1:]) / history["steps_per_epoch"],
+        "model_dir": str(model_dir),
+    }
 
 
 def baseline_run(data, epochs, examples, steps_per_execution=1):
-    result, wall = _run([sys.executable, "bench/baseline.py", "--data", str(data), "--epochs", str(epochs), "--examples", str(examples),
-                         "--steps-per-execution", str(steps_per_execution)])
+    result, wall = _run(
+        [
+            sys.executable,
+            "bench/baseline.py",
+            "--data",
+            str(data),
+            "--epochs",
+            str(epochs),
+            "--examples",
+            str(examples),
+            "--steps-per-execution",
+            str(steps_per_execution),
+        ]
+    )
     baseline = json.loads(result.stdout.strip().splitlines()[-1])
     rate = baseline["examples_per_epoch"] / statistics.mean(baseline["epoch_seconds"][1:])
     return {"examples_per_second": rate, "epoch_seconds": baseline["epoch_seconds"], "wall_seconds": wall}
@@ -164,8 +192,19 @@ def pipeline_overhead(work, epochs, compiles):
     for i in range(compiles):
         _, seconds = _run([sys.executable, "pipelines/mnist.py", "--compile", "--output", str(work / f"p{i}.yaml")])
         compile_times.append(seconds)
-    result, wall = _run([sys.executable, "pipelines/mnist.py", "--local", "--num-workers", "2", "--epochs", str(epochs),
-                         "--output-dir", str(work / "pipeline")])
+    result, wall = _run(
+        [
+            sys.executable,
+            "pipelines/mnist.py",
+            "--local",
+            "--num-workers",
+            "2",
+            "--epochs",
+            str(epochs),
+            "--output-dir",
+            str(work / "pipeline"),
+        ]
+    )
     log = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout + result.stderr)
     stamps = {}
     for m in re.finditer(r"(\d\d:\d\d:\d\d\.\d+) - INFO - (?:Executing task|Task) '([\w-]+)'", log):
@@ -176,9 +215,17 @@ def pipeline_overhead(work, epochs, compiles):
     training = max((s for t, s in spans.items() if "train-worker" in t), default=0.0)
     evaluation = spans.get("evaluate", 0.0)
     accuracy = float(re.search(r"test accuracy: ([0-9.]+)", result.stdout).group(1))
-    return {"compile_seconds": statistics.median(compile_times), "local_run_seconds": wall, "epochs": epochs, "compiles": compiles, "task_seconds": spans,
-            "training_seconds": training, "evaluation_seconds": evaluation,
-            "overhead_seconds": wall - training - evaluation, "accuracy": accuracy}
+    return {
+        "compile_seconds": statistics.median(compile_times),
+        "local_run_seconds": wall,
+        "epochs": epochs,
+        "compiles": compiles,
+        "task_seconds": spans,
+        "training_seconds": training,
+        "evaluation_seconds": evaluation,
+        "overhead_seconds": wall - training - evaluation,
+        "accuracy": accuracy,
+    }
 
 
 def plot(results, path):
@@ -191,7 +238,9 @@ def plot(results, path):
     labels = list(rows)
     values = [rows[k]["examples_per_second"] for k in labels]
     fig, ax = plt.subplots(figsize=(8, 3.6), dpi=100)
-    bars = ax.barh(labels[::-1], values[::-1], color=["#888" if k.startswith("baseline") else "#2a7" for k in labels[::-1]])
+    bars = ax.barh(
+        labels[::-1], values[::-1], color=["#888" if k.startswith("baseline") else "#2a7" for k in labels[::-1]]
+    )
     for bar, value in zip(bars, values[::-1], strict=True):
         ax.text(value, bar.get_y() + bar.get_height() / 2, f" {value:.0f}", va="center")
     ax.set_xlabel("training examples/s")
@@ -237,7 +286,10 @@ def goals_met(results):
     if "bench_seconds" in results:
         limit = 3 if results["mode"] == "quick" else 20
         minutes = results["bench_seconds"] / 60
-        met[f"`make bench{' ARGS=--quick' if results['mode'] == 'quick' else ''}` ≤ {limit} minutes"] = (minutes, minutes <= limit)
+        met[f"`make bench{' ARGS=--quick' if results['mode'] == 'quick' else ''}` ≤ {limit} minutes"] = (
+            minutes,
+            minutes <= limit,
+        )
     return met
 
 
@@ -253,7 +305,7 @@ def markdown(results):
         "batch 64 per worker unless stated, examples/s averaged over the epochs after the first; the baseline, 1 worker and "
         f"2 workers ran {r['repeats']} time(s) in turn and the median run is shown (all samples in the JSON). The trainer runs "
         f"{r['steps_per_execution']} steps per call of its compiled step function (its default `--steps-per-execution`); the baseline "
-        f"is plain Keras with its default of 1, and the row \"baseline, steps_per_execution {r['steps_per_execution']}\" gives plain Keras "
+        f'is plain Keras with its default of 1, and the row "baseline, steps_per_execution {r["steps_per_execution"]}" gives plain Keras '
         "the same setting. All numbers come from this one run on this one machine.",
         "",
         "## Goals",
@@ -287,8 +339,14 @@ def markdown(results):
         f"| step time, 1 process with 1 thread (batch 64) | {r['allreduce']['single_thread_step_ms']:.1f} ms |",
         f"| step time, 2 workers (batch 64 each, 1 thread each, gradients all-reduced as one pack: TensorFlow's default) | {r['allreduce']['two_worker_step_ms']:.1f} ms |",
         f"| all-reduce and synchronisation per step (difference) | {r['allreduce']['cost_ms']:.1f} ms |",
-        *([f"| step time, 2 workers, one all-reduce per gradient tensor ({r['allreduce']['gradient_tensors']}, `--pack-bytes 1`) | "
-           f"{r['allreduce']['unpacked_step_ms']:.1f} ms |"] if "unpacked_step_ms" in r["allreduce"] else []),
+        *(
+            [
+                f"| step time, 2 workers, one all-reduce per gradient tensor ({r['allreduce']['gradient_tensors']}, `--pack-bytes 1`) | "
+                f"{r['allreduce']['unpacked_step_ms']:.1f} ms |"
+            ]
+            if "unpacked_step_ms" in r["allreduce"]
+            else []
+        ),
         f"| `import tensorflow` | {r['startup']['import_tensorflow_s']:.1f} s |",
         f"| `import tensorflow, tf_keras` | {r['startup']['import_tf_keras_s']:.1f} s |",
         f"| dense matmul ceiling (2048², float32) | {r['ceiling_gflops']:.1f} GFLOP/s |",
@@ -298,8 +356,11 @@ def markdown(results):
     ]
     if "time_to_accuracy" in r:
         t = r["time_to_accuracy"]
-        reached = (f"reached test accuracy {t['target']:.2f} after {t['seconds_to_target']:.0f} s of training (epoch {t['epoch_at_target']})"
-                   if t["seconds_to_target"] is not None else f"did not reach test accuracy {t['target']:.2f}")
+        reached = (
+            f"reached test accuracy {t['target']:.2f} after {t['seconds_to_target']:.0f} s of training (epoch {t['epoch_at_target']})"
+            if t["seconds_to_target"] is not None
+            else f"did not reach test accuracy {t['target']:.2f}"
+        )
         curve = ", ".join(f"{v:.4f}" for v in t["val_accuracy"] if v is not None)
         lines += [
             "## Time to accuracy",
@@ -351,45 +412,84 @@ def main() -> None:
         _run([sys.executable, "-m", "trainer.prepare", "--source", "sample", "--output", str(data)])
     else:
         data, dataset, epochs = work / "data", "Fashion-MNIST", 3
-        _run([sys.executable, "-m", "trainer.prepare", "--source", f"idx:{FASHION}", "--output", str(data), "--class-names", FASHION_NAMES])
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "trainer.prepare",
+                "--source",
+                f"idx:{FASHION}",
+                "--output",
+                str(data),
+                "--class-names",
+                FASHION_NAMES,
+            ]
+        )
     meta = load_metadata(str(data))
     results = {
-        "mode": mode, "dataset": dataset, "epochs": epochs, "train_examples": meta["splits"]["train"]["num_examples"],
+        "mode": mode,
+        "dataset": dataset,
+        "epochs": epochs,
+        "train_examples": meta["splits"]["train"]["num_examples"],
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": {"cores": os.cpu_count(), "processor": platform.processor() or platform.machine(), "tensorflow": tf.__version__},
+        "machine": {
+            "cores": os.cpu_count(),
+            "processor": platform.processor() or platform.machine(),
+            "tensorflow": tf.__version__,
+        },
     }
     print("ceiling and start-up...", flush=True)
     results["ceiling_gflops"] = matmul_gflops()
     model = bench_model(meta)
     results["train_flops_per_example"] = model_train_flops_per_example(model)
     samples = 1 if args.quick else 3
-    results["startup"] = {"import_tensorflow_s": import_seconds("import tensorflow", samples),
-                          "import_tf_keras_s": import_seconds("import tensorflow, tf_keras", samples)}
+    results["startup"] = {
+        "import_tensorflow_s": import_seconds("import tensorflow", samples),
+        "import_tf_keras_s": import_seconds("import tensorflow, tf_keras", samples),
+    }
     results["input_pipeline_examples_per_second"] = input_pipeline_rate(str(data), meta)
     print("throughput...", flush=True)
     examples = min(results["train_examples"], 19_200)
     results["examples_per_epoch"] = examples
     results["repeats"] = samples
-    throughput = interleaved({
-        "baseline": lambda i: baseline_run(data, epochs, examples),
-        "1 worker": lambda i: train_run(data, work, f"w1-{i}", 0, epochs, examples=examples),
-        "2 workers": lambda i: train_run(data, work, f"w2-{i}", 2, epochs, examples=examples),
-    }, repeats=results["repeats"])
+    throughput = interleaved(
+        {
+            "baseline": lambda i: baseline_run(data, epochs, examples),
+            "1 worker": lambda i: train_run(data, work, f"w1-{i}", 0, epochs, examples=examples),
+            "2 workers": lambda i: train_run(data, work, f"w2-{i}", 2, epochs, examples=examples),
+        },
+        repeats=results["repeats"],
+    )
     from trainer.train import TrainConfig
 
     results["steps_per_execution"] = spe = TrainConfig.steps_per_execution
     throughput[f"baseline, steps_per_execution {spe}"] = baseline_run(data, epochs, examples, spe)
     throughput["3 workers"] = train_run(data, work, "w3", 3, epochs, examples=examples)
     if not args.quick:
-        throughput["2 workers, batch 128 per worker"] = train_run(data, work, "w2-b128", 2, epochs, examples=examples, batch=128)
-        throughput["parameter server: chief + 1 ps + 2 workers"] = train_run(data, work, "ps", 2, epochs, ps=1, examples=examples)
+        throughput["2 workers, batch 128 per worker"] = train_run(
+            data, work, "w2-b128", 2, epochs, examples=examples, batch=128
+        )
+        throughput["parameter server: chief + 1 ps + 2 workers"] = train_run(
+            data, work, "ps", 2, epochs, ps=1, examples=examples
+        )
     results["throughput"] = {k: {kk: vv for kk, vv in v.items() if kk != "history"} for k, v in throughput.items()}
     print("all-reduce...", flush=True)
-    single = train_run(data, work, "single-thread", 0, epochs, examples=examples,
-                       env=_env(TF_NUM_INTRAOP_THREADS=1, TF_NUM_INTEROP_THREADS=2))
+    single = train_run(
+        data,
+        work,
+        "single-thread",
+        0,
+        epochs,
+        examples=examples,
+        env=_env(TF_NUM_INTRAOP_THREADS=1, TF_NUM_INTEROP_THREADS=2),
+    )
     two = throughput["2 workers"]["step_seconds"]
-    results["allreduce"] = {"single_thread_step_ms": single["step_seconds"] * 1e3, "two_worker_step_ms": two * 1e3,
-                            "cost_ms": (two - single["step_seconds"]) * 1e3, "gradient_tensors": len(model.trainable_variables)}
+    results["allreduce"] = {
+        "single_thread_step_ms": single["step_seconds"] * 1e3,
+        "two_worker_step_ms": two * 1e3,
+        "cost_ms": (two - single["step_seconds"]) * 1e3,
+        "gradient_tensors": len(model.trainable_variables),
+    }
     if not args.quick:
         unpacked = train_run(data, work, "w2-unpacked", 2, epochs, "--pack-bytes", "1", examples=examples)
         results["allreduce"]["unpacked_step_ms"] = unpacked["step_seconds"] * 1e3
@@ -401,9 +501,15 @@ def main() -> None:
         from trainer.evaluate import run as evaluate
 
         final = evaluate(run["model_dir"], str(data))["accuracy"]
-        results["time_to_accuracy"] = {"epochs": 5, "target": target, "final_accuracy": final, "wall_seconds": run["wall_seconds"],
-                                       "seconds_to_target": hit["elapsed"] if hit else None, "epoch_at_target": hit["epoch"] if hit else None,
-                                       "val_accuracy": [e.get("val_accuracy") for e in run["history"]["epochs"]]}
+        results["time_to_accuracy"] = {
+            "epochs": 5,
+            "target": target,
+            "final_accuracy": final,
+            "wall_seconds": run["wall_seconds"],
+            "seconds_to_target": hit["elapsed"] if hit else None,
+            "epoch_at_target": hit["epoch"] if hit else None,
+            "val_accuracy": [e.get("val_accuracy") for e in run["history"]["epochs"]],
+        }
     print("pipeline...", flush=True)
     results["pipeline"] = pipeline_overhead(work, epochs=3 if args.quick else 12, compiles=samples)
     results["bench_seconds"] = time.perf_counter() - started

@@ -17,12 +17,20 @@ from components.publish_model import publish_model
 from components.train_ps import train_chief, train_server
 from components.train_worker import train_worker
 
-FUNCTIONS = (prepare_data, create_cluster, create_ps_cluster, train_worker, train_chief, train_server, evaluate,
-             publish_model)
+FUNCTIONS = (
+    prepare_data,
+    create_cluster,
+    create_ps_cluster,
+    train_worker,
+    train_chief,
+    train_server,
+    evaluate,
+    publish_model,
+)
 
 
 def build(image: str) -> SimpleNamespace:
     """Returns the components, each set to run in `image`."""
-    return SimpleNamespace(**{
-        f.__name__: dsl.component(declare(f), base_image=image, install_kfp_package=False) for f in FUNCTIONS
-    })
+    return SimpleNamespace(
+        **{f.__name__: dsl.component(declare(f), base_image=image, install_kfp_package=False) for f in FUNCTIONS}
+    )

@@ -50,10 +50,15 @@ def declare(func: Callable[..., Any]) -> Callable[..., Any]:
     """
     names = list(inspect.signature(func).parameters)
     settings = [n for n in names if is_setting(n)]
-    if names[len(names) - len(settings):] != settings:
+    if names[len(names) - len(settings) :] != settings:
         raise TypeError(f"{func.__name__}: contract settings {settings} must be its last parameters")
-    copy = types.FunctionType(func.__code__, func.__globals__, func.__name__,
-                              tuple(config.pipeline_default(n) for n in settings) or None, func.__closure__)
+    copy = types.FunctionType(
+        func.__code__,
+        func.__globals__,
+        func.__name__,
+        tuple(config.pipeline_default(n) for n in settings) or None,
+        func.__closure__,
+    )
     copy.__doc__ = _docstring(func, settings)
     copy.__annotations__ = dict(func.__annotations__)
     copy.__module__ = func.__module__

@@ -1,6 +1,5 @@
 """The cluster steps: give every training task of the run an address (one variant per strategy)."""
 
-
 from kfp.dsl import Artifact, Output
 
 
@@ -16,14 +15,21 @@ def create_cluster(cluster: Output[Artifact], run_id: str, num_workers: int, clu
     from trainer import steps
     from trainer.cli import run_step
 
-    record = run_step(steps.create_cluster, output_dir=cluster.path, run_id=run_id, num_workers=num_workers,
-                      cluster_mode=cluster_mode, port=port)
+    record = run_step(
+        steps.create_cluster,
+        output_dir=cluster.path,
+        run_id=run_id,
+        num_workers=num_workers,
+        cluster_mode=cluster_mode,
+        port=port,
+    )
     cluster.metadata.update(record)
     return list(range(num_workers))
 
 
-def create_ps_cluster(cluster: Output[Artifact], run_id: str, num_workers: int, num_ps: int, cluster_mode: str,
-                      port: int) -> list[str]:
+def create_ps_cluster(
+    cluster: Output[Artifact], run_id: str, num_workers: int, num_ps: int, cluster_mode: str, port: int
+) -> list[str]:
     """Gives the chief, each parameter server and each worker of the run an address.
 
     Args:
@@ -35,8 +41,14 @@ def create_ps_cluster(cluster: Output[Artifact], run_id: str, num_workers: int, 
     from trainer import steps
     from trainer.cli import run_step
 
-    record = run_step(steps.create_cluster, output_dir=cluster.path, run_id=run_id, num_workers=num_workers,
-                      cluster_mode=cluster_mode, port=port, num_ps=num_ps)
+    record = run_step(
+        steps.create_cluster,
+        output_dir=cluster.path,
+        run_id=run_id,
+        num_workers=num_workers,
+        cluster_mode=cluster_mode,
+        port=port,
+        num_ps=num_ps,
+    )
     cluster.metadata.update(record)
     return [f"worker:{i}" for i in range(num_workers)] + [f"ps:{i}" for i in range(num_ps)]
-

@@ -1,12 +1,17 @@
 """The `evaluate` step: the chief's SavedModel on the held-out split -> metrics the Kubeflow UI draws + a report."""
 
-
 from kfp.dsl import HTML, ClassificationMetrics, Dataset, Input, Metrics, Model, Output
 
 
-def evaluate(dataset: Input[Dataset], models: Input[list[Model]], metrics: Output[Metrics],
-             classification_metrics: Output[ClassificationMetrics], report: Output[HTML], chief_model: Output[Model],
-             min_accuracy: float) -> float:
+def evaluate(
+    dataset: Input[Dataset],
+    models: Input[list[Model]],
+    metrics: Output[Metrics],
+    classification_metrics: Output[ClassificationMetrics],
+    report: Output[HTML],
+    chief_model: Output[Model],
+    min_accuracy: float,
+) -> float:
     """Evaluates the chief's exported SavedModel (not the Python model code) on the test split.
 
     Args:
@@ -23,8 +28,14 @@ def evaluate(dataset: Input[Dataset], models: Input[list[Model]], metrics: Outpu
     from trainer import steps
     from trainer.cli import run_step
 
-    result = run_step(steps.evaluate, dataset=dataset.path, model_dirs=[m.path for m in models], report=report.path,
-                      chief_copy=chief_model.path, min_accuracy=min_accuracy)
+    result = run_step(
+        steps.evaluate,
+        dataset=dataset.path,
+        model_dirs=[m.path for m in models],
+        report=report.path,
+        chief_copy=chief_model.path,
+        min_accuracy=min_accuracy,
+    )
     for name in ("accuracy", "loss", "min_accuracy", "passed_gate"):
         metrics.log_metric(name, result[name])
     metrics.log_metric("test_examples", result["num_examples"])

@@ -3,7 +3,9 @@
 from kfp.dsl import Dataset, Output
 
 
-def prepare_data(dataset: Output[Dataset], source: str, max_train_examples: int, max_test_examples: int, num_shards: int):
+def prepare_data(
+    dataset: Output[Dataset], source: str, max_train_examples: int, max_test_examples: int, num_shards: int
+):
     """Prepares an image-classification dataset as TFRecord shards with a metadata.json.
 
     Args:
@@ -12,6 +14,13 @@ def prepare_data(dataset: Output[Dataset], source: str, max_train_examples: int,
     from trainer import steps
     from trainer.cli import run_step
 
-    dataset.metadata.update(run_step(steps.prepare_data, output=dataset.path, source=source,
-                                     max_train_examples=max_train_examples, max_test_examples=max_test_examples,
-                                     num_shards=num_shards))
+    dataset.metadata.update(
+        run_step(
+            steps.prepare_data,
+            output=dataset.path,
+            source=source,
+            max_train_examples=max_train_examples,
+            max_test_examples=max_test_examples,
+            num_shards=num_shards,
+        )
+    )

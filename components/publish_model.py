@@ -18,8 +18,13 @@ def publish_model(model: Input[Model], metrics: Input[Metrics], decision: Output
     from trainer import steps
     from trainer.cli import run_step
 
-    result = run_step(steps.publish_model, model_dir=model.path, metrics=dict(metrics.metadata),
-                      publish_uri=publish_uri, model_uri=model.metadata.get("source_uri", model.uri))
+    result = run_step(
+        steps.publish_model,
+        model_dir=model.path,
+        metrics=dict(metrics.metadata),
+        publish_uri=publish_uri,
+        model_uri=model.metadata.get("source_uri", model.uri),
+    )
     os.makedirs(os.path.dirname(decision.path), exist_ok=True)
     with open(decision.path, "w") as f:
         f.write(f"# Publish\n\n{result['reason']}.\n\nPublish location: `{publish_uri}`\n")

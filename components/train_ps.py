@@ -3,9 +3,19 @@
 from kfp.dsl import Artifact, Dataset, Input, Model, Output
 
 
-def train_chief(dataset: Input[Dataset], cluster: Input[Artifact], model: Output[Model], run_id: str, status_uri: str,
-                epochs: int, batch_size: int, learning_rate: float, startup_timeout: float, unschedulable_timeout: float,
-                cluster_mode: str):
+def train_chief(
+    dataset: Input[Dataset],
+    cluster: Input[Artifact],
+    model: Output[Model],
+    run_id: str,
+    status_uri: str,
+    epochs: int,
+    batch_size: int,
+    learning_rate: float,
+    startup_timeout: float,
+    unschedulable_timeout: float,
+    cluster_mode: str,
+):
     """Coordinates ParameterServerStrategy training and writes the model; publishes the job's status for the servers.
 
     Args:
@@ -16,15 +26,38 @@ def train_chief(dataset: Input[Dataset], cluster: Input[Artifact], model: Output
     from trainer import steps
     from trainer.cli import run_step
 
-    model.metadata.update(run_step(
-        steps.train_task, dataset=dataset.path, cluster_dir=cluster.path, job="chief", index=0, model_dir=model.path,
-        run_id=run_id, strategy="parameter_server", status_uri=status_uri, epochs=epochs, batch_size=batch_size,
-        learning_rate=learning_rate, startup_timeout=startup_timeout, unschedulable_timeout=unschedulable_timeout,
-        cluster_mode=cluster_mode))
+    model.metadata.update(
+        run_step(
+            steps.train_task,
+            dataset=dataset.path,
+            cluster_dir=cluster.path,
+            job="chief",
+            index=0,
+            model_dir=model.path,
+            run_id=run_id,
+            strategy="parameter_server",
+            status_uri=status_uri,
+            epochs=epochs,
+            batch_size=batch_size,
+            learning_rate=learning_rate,
+            startup_timeout=startup_timeout,
+            unschedulable_timeout=unschedulable_timeout,
+            cluster_mode=cluster_mode,
+        )
+    )
 
 
-def train_server(dataset: Input[Dataset], cluster: Input[Artifact], task: str, run_id: str, status_uri: str,
-                 startup_timeout: float, unschedulable_timeout: float, chief_timeout: float, cluster_mode: str):
+def train_server(
+    dataset: Input[Dataset],
+    cluster: Input[Artifact],
+    task: str,
+    run_id: str,
+    status_uri: str,
+    startup_timeout: float,
+    unschedulable_timeout: float,
+    chief_timeout: float,
+    cluster_mode: str,
+):
     """Runs one parameter server or worker until the chief's status says the job is over.
 
     Args:
@@ -38,7 +71,18 @@ def train_server(dataset: Input[Dataset], cluster: Input[Artifact], task: str, r
     from trainer.cli import run_step
 
     job, _, index = task.partition(":")
-    run_step(steps.train_task, dataset=dataset.path, cluster_dir=cluster.path, job=job, index=int(index),
-             model_dir=tempfile.mkdtemp(), run_id=run_id, strategy="parameter_server", status_uri=status_uri,
-             startup_timeout=startup_timeout, unschedulable_timeout=unschedulable_timeout, chief_timeout=chief_timeout,
-             cluster_mode=cluster_mode)
+    run_step(
+        steps.train_task,
+        dataset=dataset.path,
+        cluster_dir=cluster.path,
+        job=job,
+        index=int(index),
+        model_dir=tempfile.mkdtemp(),
+        run_id=run_id,
+        strategy="parameter_server",
+        status_uri=status_uri,
+        startup_timeout=startup_timeout,
+        unschedulable_timeout=unschedulable_timeout,
+        chief_timeout=chief_timeout,
+        cluster_mode=cluster_mode,
+    )

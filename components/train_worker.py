@@ -3,9 +3,22 @@
 from kfp.dsl import Artifact, Dataset, Input, Model, Output
 
 
-def train_worker(dataset: Input[Dataset], cluster: Input[Artifact], worker_index: int, model: Output[Model], run_id: str,
-                 epochs: int, batch_size: int, learning_rate: float, startup_timeout: float, unschedulable_timeout: float,
-                 collective_timeout: float, max_restarts: int, checkpoint_dir: str, cluster_mode: str):
+def train_worker(
+    dataset: Input[Dataset],
+    cluster: Input[Artifact],
+    worker_index: int,
+    model: Output[Model],
+    run_id: str,
+    epochs: int,
+    batch_size: int,
+    learning_rate: float,
+    startup_timeout: float,
+    unschedulable_timeout: float,
+    collective_timeout: float,
+    max_restarts: int,
+    checkpoint_dir: str,
+    cluster_mode: str,
+):
     """Trains as one worker of the run's cluster; worker 0 (the chief) writes the model.
 
     In kubernetes mode the worker first creates its Service, labels its own pod so that the Service selects it and
@@ -22,9 +35,23 @@ def train_worker(dataset: Input[Dataset], cluster: Input[Artifact], worker_index
     from trainer import steps
     from trainer.cli import run_step
 
-    model.metadata.update(run_step(
-        steps.train_task, dataset=dataset.path, cluster_dir=cluster.path, job="worker", index=worker_index,
-        model_dir=model.path, run_id=run_id, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
-        startup_timeout=startup_timeout, unschedulable_timeout=unschedulable_timeout,
-        collective_timeout=collective_timeout, max_restarts=max_restarts,
-        checkpoint_dir=checkpoint_dir, cluster_mode=cluster_mode))
+    model.metadata.update(
+        run_step(
+            steps.train_task,
+            dataset=dataset.path,
+            cluster_dir=cluster.path,
+            job="worker",
+            index=worker_index,
+            model_dir=model.path,
+            run_id=run_id,
+            epochs=epochs,
+            batch_size=batch_size,
+            learning_rate=learning_rate,
+            startup_timeout=startup_timeout,
+            unschedulable_timeout=unschedulable_timeout,
+            collective_timeout=collective_timeout,
+            max_restarts=max_restarts,
+            checkpoint_dir=checkpoint_dir,
+            cluster_mode=cluster_mode,
+        )
+    )

@@ -44,7 +44,7 @@ def balanced_split(labels: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarra
         if len(idx) < TRAIN_PER_CLASS + TEST_PER_CLASS:
             raise SystemExit(f"digit {digit} has only {len(idx)} images; need {TRAIN_PER_CLASS + TEST_PER_CLASS}")
         train.append(idx[:TRAIN_PER_CLASS])
-        test.append(idx[TRAIN_PER_CLASS:TRAIN_PER_CLASS + TEST_PER_CLASS])
+        test.append(idx[TRAIN_PER_CLASS : TRAIN_PER_CLASS + TEST_PER_CLASS])
     return rng.permutation(np.concatenate(train)), rng.permutation(np.concatenate(test))
 
 

@@ -69,13 +69,21 @@ def check_tag(tag: str) -> str:
         SetupError: it is not.
     """
     if not _TAG.match(tag):
-        raise SetupError(f"--tag {tag!r} is not an image name: allowed is [REGISTRY/]NAME[:TAG], NAME lowercase letters, "
-                         "digits and separators . _ -")
+        raise SetupError(
+            f"--tag {tag!r} is not an image name: allowed is [REGISTRY/]NAME[:TAG], NAME lowercase letters, "
+            "digits and separators . _ -"
+        )
     return tag
 
 
-def build_command(engine: Engine, builder_argv: list[str], secret_options: list[str], tag: str,
-                  dockerfile: Path = DOCKERFILE, context: Path = ROOT) -> list[str]:
+def build_command(
+    engine: Engine,
+    builder_argv: list[str],
+    secret_options: list[str],
+    tag: str,
+    dockerfile: Path = DOCKERFILE,
+    context: Path = ROOT,
+) -> list[str]:
     """The `docker build` command: the host network on the engine started here (it has no NAT), secrets, tag."""
     network = ["--network", "host"] if engine.managed else []
     return [*builder_argv, *network, *secret_options, "--tag", tag, "--file", str(dockerfile), str(context)]
@@ -92,7 +100,9 @@ def build(tag: str, dockerfile: Path = DOCKERFILE, context: Path = ROOT) -> Buil
     base = ensure_base(engine.cli, base_image(dockerfile))
     builder = find_builder()
     with tempfile.TemporaryDirectory(prefix="kfp-image-secrets-") as secrets:
-        argv = build_command(engine, list(builder.argv), write_secrets(Path(secrets), host_pip_settings()), tag, dockerfile, context)
+        argv = build_command(
+            engine, list(builder.argv), write_secrets(Path(secrets), host_pip_settings()), tag, dockerfile, context
+        )
         log.info("building %s with %s", tag, " ".join(builder.argv))
         build_started = time.monotonic()
         code = subprocess.run(argv, env={**os.environ, **dict(builder.env)}).returncode
@@ -134,8 +144,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"base image {name}: {ensure_base(engine.cli, name)}")
         else:
             built = build(check_tag(args.tag or f"kfp-tf-multiworker:{version()}"))
-            print(f"image {built.tag} id {built.image_id} size {built.size / 1e9:.2f} GB ({built.size} bytes); "
-                  f"docker build {built.build_seconds:.1f} s, total {built.total_seconds:.1f} s (base image: {built.base})")
+            print(
+                f"image {built.tag} id {built.image_id} size {built.size / 1e9:.2f} GB ({built.size} bytes); "
+                f"docker build {built.build_seconds:.1f} s, total {built.total_seconds:.1f} s (base image: {built.base})"
+            )
     except SetupError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code

@@ -33,10 +33,21 @@ from image_common import (
 PULL_TIMEOUT = 120
 STAND_IN = re.compile(r"^(docker\.io/)?(library/)?python:3\.11\.\d+-slim-bookworm$")
 PACKAGES = "python3-venv,python3-wheel-whl,ca-certificates,netbase"
-CHROOT_ENV = ["/usr/bin/env", "-i", "PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8",
-              "PIP_DISABLE_PIP_VERSION_CHECK=1", "PIP_NO_CACHE_DIR=1"]
-IMPORT_CHANGES = ["ENV PATH=/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin", "ENV LANG=C.UTF-8", 'CMD ["python3"]',
-                  'LABEL org.opencontainers.image.description="Local stand-in: Debian bookworm python3 in a venv at /usr/local"']
+CHROOT_ENV = [
+    "/usr/bin/env",
+    "-i",
+    "PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME=/root",
+    "LANG=C.UTF-8",
+    "PIP_DISABLE_PIP_VERSION_CHECK=1",
+    "PIP_NO_CACHE_DIR=1",
+]
+IMPORT_CHANGES = [
+    "ENV PATH=/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "ENV LANG=C.UTF-8",
+    'CMD ["python3"]',
+    'LABEL org.opencontainers.image.description="Local stand-in: Debian bookworm python3 in a venv at /usr/local"',
+]
 FORBIDDEN_NAMES = frozenset({"pip.conf", "pip.ini"})
 
 
@@ -75,9 +86,13 @@ def ensure_base(cli: str, name: str) -> str:
         return "pulled"
     log.info("could not pull %s (%s)", name, tail(pulled.stderr or pulled.stdout, 1))
     if not STAND_IN.match(name):
-        raise SetupError(f"base image {name} cannot be pulled, and a local stand-in can only be made for python:3.11.X-slim-bookworm")
+        raise SetupError(
+            f"base image {name} cannot be pulled, and a local stand-in can only be made for python:3.11.X-slim-bookworm"
+        )
     if os.geteuid() != 0:
-        raise SetupError(f"base image {name} cannot be pulled; making a local stand-in needs root (debootstrap, chroot)")
+        raise SetupError(
+            f"base image {name} cannot be pulled; making a local stand-in needs root (debootstrap, chroot)"
+        )
     build_stand_in(cli, name)
     return "stand-in"
 
@@ -102,16 +117,21 @@ def build_stand_in(cli: str, name: str) -> None:
         sanitise_rootfs(rootfs)
         leaks = find_leaks(rootfs, [h.encode() for h in hosts])
         if leaks:
-            raise SetupError(f"the stand-in root file system still names the apt mirror or holds pip config in {len(leaks)} files, "
-                             f"e.g. {redact(leaks[0], hosts)}", exit_code=1)
+            raise SetupError(
+                f"the stand-in root file system still names the apt mirror or holds pip config in {len(leaks)} files, "
+                f"e.g. {redact(leaks[0], hosts)}",
+                exit_code=1,
+            )
         import_rootfs(cli, rootfs, name)
     finally:
         remove_rootfs(rootfs)
 
 
 def bootstrap(rootfs: Path, mirror: str, hosts: list[str]) -> None:
-    """debootstrap's minbase bookworm with python3-venv into `rootfs`; output is shown (mirror redacted) only on failure."""
-    result = run(["debootstrap", "--variant=minbase", f"--include={PACKAGES}", "bookworm", rootfs, mirror], timeout=1800)
+    """Debootstrap's minbase bookworm with python3-venv into `rootfs`; output is shown (mirror redacted) only on failure."""
+    result = run(
+        ["debootstrap", "--variant=minbase", f"--include={PACKAGES}", "bookworm", rootfs, mirror], timeout=1800
+    )
     if result.returncode != 0:
         log.warning("%s", redact(tail(result.stdout + result.stderr), hosts))
         raise SetupError(f"debootstrap failed (exit {result.returncode}), output above", exit_code=1)
@@ -119,15 +139,19 @@ def bootstrap(rootfs: Path, mirror: str, hosts: list[str]) -> None:
 
 def install_python(rootfs: Path) -> None:
     """A venv of Debian's python3 at /usr/local with pip, setuptools and wheel, all from Debian's wheel packages."""
-    steps = [["python3", "-m", "venv", "/usr/local"],
-             ["/usr/local/bin/pip", "install", "--no-index", "--find-links", "/usr/share/python-wheels", "wheel"]]
+    steps = [
+        ["python3", "-m", "venv", "/usr/local"],
+        ["/usr/local/bin/pip", "install", "--no-index", "--find-links", "/usr/share/python-wheels", "wheel"],
+    ]
     subprocess.run(["mount", "-t", "proc", "proc", str(rootfs / "proc")], check=True)
     try:
         for step in steps:
             result = run(["chroot", rootfs, *CHROOT_ENV, *step], timeout=600)
             if result.returncode != 0:
                 log.warning("%s", tail(result.stdout + result.stderr))
-                raise SetupError(f"`{' '.join(step)}` failed in the stand-in (exit {result.returncode}), output above", exit_code=1)
+                raise SetupError(
+                    f"`{' '.join(step)}` failed in the stand-in (exit {result.returncode}), output above", exit_code=1
+                )
     finally:
         subprocess.run(["umount", str(rootfs / "proc")], check=False)
     for script in (rootfs / "usr" / "local" / "bin").glob("[Aa]ctivate*"):

@@ -48,7 +48,9 @@ def run(argv: Sequence[str | os.PathLike], timeout: float | None = None, **kwarg
     except FileNotFoundError as err:
         return subprocess.CompletedProcess(argv, 127, "", str(err))
     except subprocess.TimeoutExpired as err:
-        return subprocess.CompletedProcess(argv, 124, _text(err.stdout), _text(err.stderr) + f"\ntimed out after {timeout} s")
+        return subprocess.CompletedProcess(
+            argv, 124, _text(err.stdout), _text(err.stderr) + f"\ntimed out after {timeout} s"
+        )
 
 
 def _text(output: bytes | str | None) -> str:
@@ -117,7 +119,9 @@ def apt_install(packages: Sequence[str]) -> None:
     """
     global _apt_updated
     if os.geteuid() != 0:
-        raise SetupError(f"{' '.join(packages)} must be installed, which needs root (apt-get install {' '.join(packages)})")
+        raise SetupError(
+            f"{' '.join(packages)} must be installed, which needs root (apt-get install {' '.join(packages)})"
+        )
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     hosts = apt_hosts(read_apt_sources())
     steps = [] if _apt_updated else [["apt-get", "update", "-qq"]]

@@ -90,13 +90,17 @@ def ensure_engine() -> Engine:
     if engine:
         return engine
     if os.environ.get("DOCKER_HOST"):
-        raise SetupError(f"DOCKER_HOST={os.environ['DOCKER_HOST']} does not answer `docker info`; start that engine or unset DOCKER_HOST")
+        raise SetupError(
+            f"DOCKER_HOST={os.environ['DOCKER_HOST']} does not answer `docker info`; start that engine or unset DOCKER_HOST"
+        )
     socket = Path(SOCKET.removeprefix("unix://"))
     if os.geteuid() != 0 and socket.exists() and not os.access(socket, os.R_OK | os.W_OK):
         raise SetupError(f"{socket} is not open to this user: add it to the docker group, or run as root")
     if os.geteuid() != 0:
-        raise SetupError("no Docker Engine answers `docker info`: start one, or run as root to have Debian's docker.io "
-                         "installed and dockerd started")
+        raise SetupError(
+            "no Docker Engine answers `docker info`: start one, or run as root to have Debian's docker.io "
+            "installed and dockerd started"
+        )
     dockerd = shutil.which("dockerd", path=SBIN_PATH)
     if not dockerd or not docker_clis():
         log.info("installing Debian's docker.io")
@@ -118,12 +122,29 @@ def start_dockerd(dockerd: str) -> Engine:
     """
     for directory in (DATA_ROOT, RUN_DIR):
         directory.mkdir(parents=True, exist_ok=True, mode=0o711)
-    argv = [dockerd, "--data-root", str(DATA_ROOT), "--exec-root", str(RUN_DIR / "exec"), "--pidfile", str(PIDFILE),
-            "--host", SOCKET, "--storage-driver", "overlay2", "--bip", BRIDGE_IP,
-            "--iptables=false", "--ip-forward=false", "--ip-masq=false"]
+    argv = [
+        dockerd,
+        "--data-root",
+        str(DATA_ROOT),
+        "--exec-root",
+        str(RUN_DIR / "exec"),
+        "--pidfile",
+        str(PIDFILE),
+        "--host",
+        SOCKET,
+        "--storage-driver",
+        "overlay2",
+        "--bip",
+        BRIDGE_IP,
+        "--iptables=false",
+        "--ip-forward=false",
+        "--ip-masq=false",
+    ]
     log.info("starting dockerd (state %s, log %s)", DATA_ROOT, LOG_FILE)
     with open(LOG_FILE, "ab") as out:
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
         engine = answering_engine()
@@ -134,7 +155,9 @@ def start_dockerd(dockerd: str) -> Engine:
             log.warning("%s", tail(LOG_FILE.read_text(errors="replace")))
             raise SetupError(f"dockerd exited with {process.returncode}; its log is {LOG_FILE}", exit_code=1)
         time.sleep(0.5)
-    raise SetupError(f"dockerd {process.pid} did not answer within {START_TIMEOUT:.0f} s; its log is {LOG_FILE}", exit_code=1)
+    raise SetupError(
+        f"dockerd {process.pid} did not answer within {START_TIMEOUT:.0f} s; its log is {LOG_FILE}", exit_code=1
+    )
 
 
 def cli_version(cli: str) -> tuple[int, ...]:
@@ -155,5 +178,7 @@ def find_builder(clis: list[str] | None = None) -> Builder:
             return Builder((cli, "buildx", "build", "--load"))
         if (20, 10) <= cli_version(cli)[:2] < (23, 0):
             return Builder((cli, "build"), (("DOCKER_BUILDKIT", "1"),))
-    raise SetupError("no docker CLI here builds with BuildKit secrets: install the buildx plugin, or Debian's docker.io "
-                     "(/usr/bin/docker 20.10 has BuildKit built in)")
+    raise SetupError(
+        "no docker CLI here builds with BuildKit secrets: install the buildx plugin, or Debian's docker.io "
+        "(/usr/bin/docker 20.10 has BuildKit built in)"
+    )

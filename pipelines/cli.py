@@ -28,16 +28,24 @@ log = logging.getLogger("pipelines")
 
 IMAGE_ENV = "KFP_TF_IMAGE"
 TOKEN_FILE = "/var/run/secrets/kubeflow/pipelines/token"
-ACTIONS = {"compile": "write the pipeline YAML", "local": "run the whole pipeline here with kfp.local",
-           "upload": "upload to a KFP server (a new version if the name exists)",
-           "run": "upload, then start one run", "schedule": "upload, then create a recurring run (KFP cron: 6 fields, "
-           "seconds first)", "every": "upload, then create a recurring run every DURATION (e.g. 24h, 30m)"}
+ACTIONS = {
+    "compile": "write the pipeline YAML",
+    "local": "run the whole pipeline here with kfp.local",
+    "upload": "upload to a KFP server (a new version if the name exists)",
+    "run": "upload, then start one run",
+    "schedule": "upload, then create a recurring run (KFP cron: 6 fields, seconds first)",
+    "every": "upload, then create a recurring run every DURATION (e.g. 24h, 30m)",
+}
 SERVER_ACTIONS = ("upload", "run", "schedule", "every")
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*|\[[0-9a-fA-F:]+\])"
-_REFERENCE = re.compile(rf"^(?:(?P<domain>{_DOMAIN}(?::[0-9]+)?)/)?(?P<path>{_COMPONENT}(?:/{_COMPONENT})*)"
-                        r"(?::(?P<tag>[\w][\w.-]{0,127}))?(?:@(?P<digest>[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*"
-                        r":[0-9a-fA-F]{32,}))?$")
+_DOMAIN = (
+    r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*|\[[0-9a-fA-F:]+\])"
+)
+_REFERENCE = re.compile(
+    rf"^(?:(?P<domain>{_DOMAIN}(?::[0-9]+)?)/)?(?P<path>{_COMPONENT}(?:/{_COMPONENT})*)"
+    r"(?::(?P<tag>[\w][\w.-]{0,127}))?(?:@(?P<digest>[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*"
+    r":[0-9a-fA-F]{32,}))?$"
+)
 
 
 def check_image(image: str) -> str:
@@ -48,13 +56,18 @@ def check_image(image: str) -> str:
     """
     match = _REFERENCE.match(image or "")
     if not match or len(image.split("@")[0].rsplit(":", 1)[0]) > 255:
-        raise UsageError(f"image {image!r} is not a valid image reference; allowed: [REGISTRY[:PORT]/]PATH[:TAG][@DIGEST] "
-                         "with a lowercase path, e.g. registry.example.com/team/kfp-tf-multiworker:0.1.0")
+        raise UsageError(
+            f"image {image!r} is not a valid image reference; allowed: [REGISTRY[:PORT]/]PATH[:TAG][@DIGEST] "
+            "with a lowercase path, e.g. registry.example.com/team/kfp-tf-multiworker:0.1.0"
+        )
     domain, path = match["domain"], match["path"]
     if domain is None or ("." not in domain and ":" not in domain and domain != "localhost"):
-        log.warning("image %r names no registry, so a cluster pulls it from docker.io/%s; that works only "
-                    "where the image is already on the nodes (kind load, minikube image load)", image,
-                    path if "/" in path else f"library/{path}")
+        log.warning(
+            "image %r names no registry, so a cluster pulls it from docker.io/%s; that works only "
+            "where the image is already on the nodes (kind load, minikube image load)",
+            image,
+            path if "/" in path else f"library/{path}",
+        )
     return image
 
 
@@ -62,8 +75,10 @@ def pipeline_from_env() -> Any:
     """The mirrored pipeline in the image named by $KFP_TF_IMAGE (for `kfp dsl compile --py pipelines/mnist.py`)."""
     image = os.environ.get(IMAGE_ENV, "")
     if not image:
-        raise SystemExit(f"error: ${IMAGE_ENV} is not set; set it to the image every step runs in, e.g. "
-                         f"{IMAGE_ENV}=registry.example.com/team/kfp-tf-multiworker:{__version__}")
+        raise SystemExit(
+            f"error: ${IMAGE_ENV} is not set; set it to the image every step runs in, e.g. "
+            f"{IMAGE_ENV}=registry.example.com/team/kfp-tf-multiworker:{__version__}"
+        )
     return create_pipeline(check_image(image), os.environ.get("KFP_TF_STRATEGY", "multi_worker_mirrored"))
 
 
@@ -79,31 +94,55 @@ def _action_parser() -> argparse.ArgumentParser:
 def build_parser(action: str | None) -> argparse.ArgumentParser:
     """The parser for one action: the action flags, then only the options that apply to it."""
     description = __doc__ if action is None else f"{__doc__.splitlines()[0]} This is --{action}."
-    parser = Parser(prog="pipelines/mnist.py", parents=[_action_parser()], description=description,
-                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(
+        prog="pipelines/mnist.py",
+        parents=[_action_parser()],
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     if action in ("compile", *SERVER_ACTIONS):
         build = parser.add_argument_group("the pipeline")
-        build.add_argument("--image", default=os.environ.get(IMAGE_ENV), help=f"the image every step runs in "
-                           f"(default: ${IMAGE_ENV}); required")
-        build.add_argument("--strategy", default="multi_worker_mirrored", choices=list(FACTORIES),
-                           help="multi_worker_mirrored (default) or parameter_server (chief, ps and worker tasks)")
+        build.add_argument(
+            "--image",
+            default=os.environ.get(IMAGE_ENV),
+            help=f"the image every step runs in (default: ${IMAGE_ENV}); required",
+        )
+        build.add_argument(
+            "--strategy",
+            default="multi_worker_mirrored",
+            choices=list(FACTORIES),
+            help="multi_worker_mirrored (default) or parameter_server (chief, ps and worker tasks)",
+        )
         pods = parser.add_argument_group("training pods")
         for f in PodSettings.__dataclass_fields__.values():
-            pods.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
-                              help=f"{_attribute_doc(f.name)} (default: {f.default})")
+            pods.add_argument(
+                "--" + f.name.replace("_", "-"),
+                type=type(f.default),
+                default=f.default,
+                help=f"{_attribute_doc(f.name)} (default: {f.default})",
+            )
     if action == "compile":
         parser.add_argument("--output", default="mnist_pipeline.yaml", help="the YAML path (default: %(default)s)")
     if action == "local":
         local = parser.add_argument_group("the local run")
-        local.add_argument("--num-workers", type=int, default=config.default("num_workers"),
-                           help=f"workers (1 to {LOCAL_MAX_WORKERS})")
+        local.add_argument(
+            "--num-workers", type=int, default=config.default("num_workers"), help=f"workers (1 to {LOCAL_MAX_WORKERS})"
+        )
         local.add_argument("--epochs", type=int, default=config.default("epochs"), help="training epochs")
-        local.add_argument("--source", default=LOCAL_OVERRIDES["source"], help="data source (default: the shipped sample)")
-        local.add_argument("--min-accuracy", type=float, default=config.default("min_accuracy"),
-                           help="the quality gate before publishing")
+        local.add_argument(
+            "--source", default=LOCAL_OVERRIDES["source"], help="data source (default: the shipped sample)"
+        )
+        local.add_argument(
+            "--min-accuracy",
+            type=float,
+            default=config.default("min_accuracy"),
+            help="the quality gate before publishing",
+        )
         local.add_argument("--publish-uri", default="", help="where a model that passes the gate is published")
         local.add_argument("--output-dir", default="out/pipeline", help="the local pipeline root")
-        local.add_argument("--strategy", default="multi_worker_mirrored", help="only multi_worker_mirrored runs locally")
+        local.add_argument(
+            "--strategy", default="multi_worker_mirrored", help="only multi_worker_mirrored runs locally"
+        )
     if action in SERVER_ACTIONS:
         server.add_server_arguments(parser, action, pipeline_name=NAMES["multi_worker_mirrored"])
     return parser
@@ -119,8 +158,9 @@ def pod_settings(args: argparse.Namespace) -> PodSettings:
     return PodSettings(**{name: getattr(args, name) for name in PodSettings.__dataclass_fields__})
 
 
-def compile_pipeline(output: str, image: str, strategy: str = "multi_worker_mirrored",
-                     pods: PodSettings = DEFAULT_PODS) -> str:
+def compile_pipeline(
+    output: str, image: str, strategy: str = "multi_worker_mirrored", pods: PodSettings = DEFAULT_PODS
+) -> str:
     """Writes the pipeline YAML to `output` (through a temporary file) and returns the path."""
     from kfp import compiler
 
@@ -135,8 +175,10 @@ def compile_pipeline(output: str, image: str, strategy: str = "multi_worker_mirr
 
 def _image(args: argparse.Namespace) -> str:
     if not args.image:
-        raise UsageError(f"no image: pass --image REGISTRY/kfp-tf-multiworker:{__version__} (the image built from "
-                         f"this project's Dockerfile and pushed where the cluster pulls from) or set ${IMAGE_ENV}")
+        raise UsageError(
+            f"no image: pass --image REGISTRY/kfp-tf-multiworker:{__version__} (the image built from "
+            f"this project's Dockerfile and pushed where the cluster pulls from) or set ${IMAGE_ENV}"
+        )
     return check_image(args.image)
 
 
@@ -144,15 +186,25 @@ def _compile(args: argparse.Namespace) -> None:
     started = time.monotonic()
     image = _image(args)
     compile_pipeline(args.output, image, args.strategy, pod_settings(args))
-    sys.stdout.write(f"wrote {args.output} ({NAMES[args.strategy]}, image {image}) in {time.monotonic() - started:.2f}s\n")
+    sys.stdout.write(
+        f"wrote {args.output} ({NAMES[args.strategy]}, image {image}) in {time.monotonic() - started:.2f}s\n"
+    )
 
 
 def _local(args: argparse.Namespace) -> None:
     if args.strategy != "multi_worker_mirrored":
-        raise UsageError(f"--strategy {args.strategy} is not allowed with --local: kfp.local runs at most 2 tasks at once, "
-                         "and a chief, a parameter server and a worker must all run together; use trainer-launch --ps N")
-    result = run_local(args.output_dir, num_workers=args.num_workers, epochs=args.epochs, source=args.source,
-                       min_accuracy=args.min_accuracy, publish_uri=args.publish_uri)
+        raise UsageError(
+            f"--strategy {args.strategy} is not allowed with --local: kfp.local runs at most 2 tasks at once, "
+            "and a chief, a parameter server and a worker must all run together; use trainer-launch --ps N"
+        )
+    result = run_local(
+        args.output_dir,
+        num_workers=args.num_workers,
+        epochs=args.epochs,
+        source=args.source,
+        min_accuracy=args.min_accuracy,
+        publish_uri=args.publish_uri,
+    )
     lines = [f"pipeline finished in {result['seconds']}s", f"test accuracy: {result['accuracy']:.4f}"]
     lines += [f"{name}: {result[name]}" for name in ("run", "model", "report", "publish")]
     # sys.stdout.write, not print: kfp.local leaves builtins.print patched to indent every line

@@ -44,7 +44,9 @@ def check_cron(cron: str) -> str:
     if len(fields) == 5:
         raise DeployError(f"cron {cron!r} has 5 fields; KFP cron has 6 with seconds first: '0 {text}'")
     if len(fields) != 6:
-        raise DeployError(f"cron {cron!r} has {len(fields)} fields; KFP cron has 6: second minute hour day-of-month month day-of-week")
+        raise DeployError(
+            f"cron {cron!r} has {len(fields)} fields; KFP cron has 6: second minute hour day-of-month month day-of-week"
+        )
     for value, (name, low, high, words) in zip(fields, _CRON_FIELDS, strict=True):
         for part in value.split(","):
             base, _, step = part.partition("/")
@@ -56,8 +58,10 @@ def check_cron(cron: str) -> str:
                 if bound.upper() in words:
                     continue
                 if not bound.isdigit() or not low <= int(bound) <= high:
-                    raise DeployError(f"cron {cron!r}: {name} {bound!r} is not allowed; allowed: {low}-{high}, '*'"
-                                      + (f", {', '.join(w for w in words if w != '?')}" if len(words) > 1 else ""))
+                    raise DeployError(
+                        f"cron {cron!r}: {name} {bound!r} is not allowed; allowed: {low}-{high}, '*'"
+                        + (f", {', '.join(w for w in words if w != '?')}" if len(words) > 1 else "")
+                    )
     return text
 
 
@@ -99,7 +103,9 @@ def typed_params(assignments: Sequence[str], parameters: Mapping[str, Mapping[st
         if not sep:
             raise DeployError(f"--param {item!r} is not key=value")
         if key not in parameters:
-            raise DeployError(f"--param {key!r} is not a parameter of this pipeline; allowed: {', '.join(sorted(parameters))}")
+            raise DeployError(
+                f"--param {key!r} is not a parameter of this pipeline; allowed: {', '.join(sorted(parameters))}"
+            )
         kind = parameters[key]["type"]
         try:
             if kind == "NUMBER_INTEGER":
@@ -163,23 +169,37 @@ def _server_call(what: str, server: str, call, *args, **kwargs):
         except (ValueError, AttributeError):
             detail = (err.body or "")[:200] if isinstance(err.body, str) else ""
         detail = " ".join(str(detail).split())[:300]
-        raise DeployError(f"KFP server {server} answered HTTP {err.status} {err.reason or ''} to {what}" + (f": {detail}" if detail else "")) from None
+        raise DeployError(
+            f"KFP server {server} answered HTTP {err.status} {err.reason or ''} to {what}"
+            + (f": {detail}" if detail else "")
+        ) from None
     except (HTTPError, OSError) as err:
         raise DeployError(f"KFP server {server} could not be reached for {what}: {type(err).__name__}") from None
 
 
-def upload(client: Any, host: str, package_path: str, name: str, package_version: str, description: str = "") -> tuple[str, str]:
+def upload(
+    client: Any, host: str, package_path: str, name: str, package_version: str, description: str = ""
+) -> tuple[str, str]:
     """Uploads the pipeline, or a new version of it when the name exists. Returns (pipeline id, version id)."""
     pipeline_id = _server_call("list pipelines", host, client.get_pipeline_id, name)
     version = version_name(package_path, package_version)
     if pipeline_id is None:
-        pipeline = _server_call("upload pipeline", host, client.upload_pipeline, package_path, pipeline_name=name, description=description)
+        pipeline = _server_call(
+            "upload pipeline", host, client.upload_pipeline, package_path, pipeline_name=name, description=description
+        )
         pipeline_id = pipeline.pipeline_id
         versions = _server_call("list pipeline versions", host, client.list_pipeline_versions, pipeline_id)
         version_id = versions.pipeline_versions[0].pipeline_version_id
     else:
-        created = _server_call("upload pipeline version", host, client.upload_pipeline_version, package_path, pipeline_version_name=version,
-                               pipeline_id=pipeline_id, description=description)
+        created = _server_call(
+            "upload pipeline version",
+            host,
+            client.upload_pipeline_version,
+            package_path,
+            pipeline_version_name=version,
+            pipeline_id=pipeline_id,
+            description=description,
+        )
         version_id = created.pipeline_version_id
     return pipeline_id, version_id
 
@@ -203,18 +223,53 @@ def _raise(err: Exception) -> None:
     raise err
 
 
-def start_run(client: Any, host: str, experiment: str, job_name: str, pipeline_id: str, version_id: str, params: dict[str, Any]) -> str:
-    run = _server_call("create run", host, client.run_pipeline, experiment_id=experiment, job_name=job_name,
-                       pipeline_id=pipeline_id, version_id=version_id, params=params)
+def start_run(
+    client: Any, host: str, experiment: str, job_name: str, pipeline_id: str, version_id: str, params: dict[str, Any]
+) -> str:
+    run = _server_call(
+        "create run",
+        host,
+        client.run_pipeline,
+        experiment_id=experiment,
+        job_name=job_name,
+        pipeline_id=pipeline_id,
+        version_id=version_id,
+        params=params,
+    )
     return run.run_id
 
 
-def schedule(client: Any, host: str, experiment: str, job_name: str, pipeline_id: str, version_id: str, params: dict[str, Any], *,
-             cron: str | None = None, interval_seconds: int | None = None, max_concurrency: int = 1, no_catchup: bool = False,
-             start_time: str | None = None, end_time: str | None = None) -> str:
+def schedule(
+    client: Any,
+    host: str,
+    experiment: str,
+    job_name: str,
+    pipeline_id: str,
+    version_id: str,
+    params: dict[str, Any],
+    *,
+    cron: str | None = None,
+    interval_seconds: int | None = None,
+    max_concurrency: int = 1,
+    no_catchup: bool = False,
+    start_time: str | None = None,
+    end_time: str | None = None,
+) -> str:
     recurring = _server_call(
-        "create recurring run", host, client.create_recurring_run, experiment_id=experiment, job_name=job_name,
-        pipeline_id=pipeline_id, version_id=version_id, params=params, cron_expression=cron, interval_second=interval_seconds,
-        max_concurrency=max_concurrency, no_catchup=no_catchup, start_time=start_time, end_time=end_time, enabled=True)
+        "create recurring run",
+        host,
+        client.create_recurring_run,
+        experiment_id=experiment,
+        job_name=job_name,
+        pipeline_id=pipeline_id,
+        version_id=version_id,
+        params=params,
+        cron_expression=cron,
+        interval_second=interval_seconds,
+        max_concurrency=max_concurrency,
+        no_catchup=no_catchup,
+        start_time=start_time,
+        end_time=end_time,
+        enabled=True,
+    )
     return recurring.recurring_run_id
-

@@ -32,8 +32,9 @@ class Outputs(NamedTuple):
 
 
 def _prepare(ops: Any, source: Any, max_train_examples: Any, max_test_examples: Any, num_shards: Any) -> Any:
-    prepared = ops.prepare_data(source=source, max_train_examples=max_train_examples,
-                                max_test_examples=max_test_examples, num_shards=num_shards)
+    prepared = ops.prepare_data(
+        source=source, max_train_examples=max_train_examples, max_test_examples=max_test_examples, num_shards=num_shards
+    )
     return prepared.set_display_name("prepare data").set_caching_options(True)
 
 
@@ -42,21 +43,41 @@ def _evaluate_and_publish(ops: Any, prepared: Any, models: Any, min_accuracy: An
     evaluation.set_display_name("evaluate").set_caching_options(False)
     with dsl.If(evaluation.outputs["Output"] >= min_accuracy, name="quality gate"):
         with dsl.If(publish_uri != "", name="publish location set"):
-            published = ops.publish_model(model=evaluation.outputs["chief_model"], metrics=evaluation.outputs["metrics"],
-                                          publish_uri=publish_uri)
+            published = ops.publish_model(
+                model=evaluation.outputs["chief_model"], metrics=evaluation.outputs["metrics"], publish_uri=publish_uri
+            )
             published.set_display_name("publish model").set_caching_options(False)
-    return Outputs(accuracy=evaluation.outputs["Output"], model=evaluation.outputs["chief_model"],
-                   metrics=evaluation.outputs["metrics"], report=evaluation.outputs["report"])
+    return Outputs(
+        accuracy=evaluation.outputs["Output"],
+        model=evaluation.outputs["chief_model"],
+        metrics=evaluation.outputs["metrics"],
+        report=evaluation.outputs["report"],
+    )
 
 
 def mirrored_pipeline(image: str, pods: PodSettings = DEFAULT_PODS) -> Any:
     """The MultiWorkerMirroredStrategy pipeline: N identical workers in a ParallelFor, synchronous all-reduce."""
     ops = components.build(image)
 
-    def pipeline(source: str, num_workers: int, epochs: int, batch_size: int, learning_rate: float,
-                 max_train_examples: int, max_test_examples: int, num_shards: int, cluster_mode: str, port: int,
-                 startup_timeout: float, unschedulable_timeout: float, collective_timeout: float, max_restarts: int,
-                 checkpoint_dir: str, min_accuracy: float, publish_uri: str) -> Outputs:
+    def pipeline(
+        source: str,
+        num_workers: int,
+        epochs: int,
+        batch_size: int,
+        learning_rate: float,
+        max_train_examples: int,
+        max_test_examples: int,
+        num_shards: int,
+        cluster_mode: str,
+        port: int,
+        startup_timeout: float,
+        unschedulable_timeout: float,
+        collective_timeout: float,
+        max_restarts: int,
+        checkpoint_dir: str,
+        min_accuracy: float,
+        publish_uri: str,
+    ) -> Outputs:
         """Multi-worker TensorFlow training of a CNN on MNIST-format data (MultiWorkerMirroredStrategy).
 
         prepare data -> create cluster -> N training workers -> evaluate -> quality gate -> publish.
@@ -67,11 +88,20 @@ def mirrored_pipeline(image: str, pods: PodSettings = DEFAULT_PODS) -> Any:
         with_namespace(cluster.set_display_name("create cluster").set_caching_options(False))
         with dsl.ParallelFor(cluster.outputs["Output"], name="workers") as worker_index:
             worker = ops.train_worker(
-                dataset=prepared.outputs["dataset"], cluster=cluster.outputs["cluster"], worker_index=worker_index,
-                run_id=run_id, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
-                startup_timeout=startup_timeout, unschedulable_timeout=unschedulable_timeout,
-                collective_timeout=collective_timeout, max_restarts=max_restarts, checkpoint_dir=checkpoint_dir,
-                cluster_mode=cluster_mode)
+                dataset=prepared.outputs["dataset"],
+                cluster=cluster.outputs["cluster"],
+                worker_index=worker_index,
+                run_id=run_id,
+                epochs=epochs,
+                batch_size=batch_size,
+                learning_rate=learning_rate,
+                startup_timeout=startup_timeout,
+                unschedulable_timeout=unschedulable_timeout,
+                collective_timeout=collective_timeout,
+                max_restarts=max_restarts,
+                checkpoint_dir=checkpoint_dir,
+                cluster_mode=cluster_mode,
+            )
             training_pod(worker.set_display_name("train worker").set_caching_options(False), pods)
         return _evaluate_and_publish(ops, prepared, dsl.Collected(worker.outputs["model"]), min_accuracy, publish_uri)
 
@@ -82,32 +112,63 @@ def parameter_server_pipeline(image: str, pods: PodSettings = DEFAULT_PODS) -> A
     """The ParameterServerStrategy pipeline: a chief task beside a ParallelFor of parameter servers and workers."""
     ops = components.build(image)
 
-    def pipeline(source: str, num_workers: int, num_ps: int, epochs: int, batch_size: int, learning_rate: float,
-                 max_train_examples: int, max_test_examples: int, num_shards: int, cluster_mode: str, port: int,
-                 startup_timeout: float, unschedulable_timeout: float, chief_timeout: float, status_uri: str,
-                 min_accuracy: float, publish_uri: str) -> Outputs:
+    def pipeline(
+        source: str,
+        num_workers: int,
+        num_ps: int,
+        epochs: int,
+        batch_size: int,
+        learning_rate: float,
+        max_train_examples: int,
+        max_test_examples: int,
+        num_shards: int,
+        cluster_mode: str,
+        port: int,
+        startup_timeout: float,
+        unschedulable_timeout: float,
+        chief_timeout: float,
+        status_uri: str,
+        min_accuracy: float,
+        publish_uri: str,
+    ) -> Outputs:
         """Parameter-server TensorFlow training of a CNN on MNIST-format data (ParameterServerStrategy).
 
         prepare data -> create cluster -> a chief + parameter servers + workers -> evaluate -> quality gate -> publish.
         """
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
         prepared = _prepare(ops, source, max_train_examples, max_test_examples, num_shards)
-        cluster = ops.create_ps_cluster(run_id=run_id, num_workers=num_workers, num_ps=num_ps,
-                                        cluster_mode=cluster_mode, port=port)
+        cluster = ops.create_ps_cluster(
+            run_id=run_id, num_workers=num_workers, num_ps=num_ps, cluster_mode=cluster_mode, port=port
+        )
         with_namespace(cluster.set_display_name("create cluster").set_caching_options(False))
         # The chief runs in a one-item loop so that evaluate receives its model as the list the mirrored variant's
         # ParallelFor produces (dsl.Collected works only on loop outputs).
         with dsl.ParallelFor([0], name="chief"):
             chief = ops.train_chief(
-                dataset=prepared.outputs["dataset"], cluster=cluster.outputs["cluster"], run_id=run_id,
-                status_uri=status_uri, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
-                startup_timeout=startup_timeout, unschedulable_timeout=unschedulable_timeout, cluster_mode=cluster_mode)
+                dataset=prepared.outputs["dataset"],
+                cluster=cluster.outputs["cluster"],
+                run_id=run_id,
+                status_uri=status_uri,
+                epochs=epochs,
+                batch_size=batch_size,
+                learning_rate=learning_rate,
+                startup_timeout=startup_timeout,
+                unschedulable_timeout=unschedulable_timeout,
+                cluster_mode=cluster_mode,
+            )
             training_pod(chief.set_display_name("train chief").set_caching_options(False), pods)
         with dsl.ParallelFor(cluster.outputs["Output"], name="parameter servers and workers") as task:
             server = ops.train_server(
-                dataset=prepared.outputs["dataset"], cluster=cluster.outputs["cluster"], task=task, run_id=run_id,
-                status_uri=status_uri, startup_timeout=startup_timeout, unschedulable_timeout=unschedulable_timeout,
-                chief_timeout=chief_timeout, cluster_mode=cluster_mode)
+                dataset=prepared.outputs["dataset"],
+                cluster=cluster.outputs["cluster"],
+                task=task,
+                run_id=run_id,
+                status_uri=status_uri,
+                startup_timeout=startup_timeout,
+                unschedulable_timeout=unschedulable_timeout,
+                chief_timeout=chief_timeout,
+                cluster_mode=cluster_mode,
+            )
             training_pod(server.set_display_name("ps or worker").set_caching_options(False), pods)
         return _evaluate_and_publish(ops, prepared, dsl.Collected(chief.outputs["model"]), min_accuracy, publish_uri)
 

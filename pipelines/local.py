@@ -20,7 +20,8 @@ def check_workers(num_workers: int) -> None:
         raise UsageError(
             f"--num-workers {num_workers} is not allowed with --local; allowed: 1 to {LOCAL_MAX_WORKERS}. kfp.local "
             "runs at most 2 ParallelFor iterations at once and every MultiWorkerMirroredStrategy worker must run at "
-            "the same time, so more workers would wait for each other forever; use trainer-launch or a cluster")
+            "the same time, so more workers would wait for each other forever; use trainer-launch or a cluster"
+        )
 
 
 def run_local(output_dir: str, **arguments: Any) -> dict[str, Any]:
@@ -48,8 +49,13 @@ def run_local(output_dir: str, **arguments: Any) -> dict[str, Any]:
     started = time.monotonic()
     outputs = mirrored_pipeline(LOCAL_IMAGE)(**arguments).outputs
     model = outputs["model"].path
-    result = {"seconds": round(time.monotonic() - started, 1), "accuracy": outputs["accuracy"], "model": model,
-              "report": outputs["report"].path, "run": os.path.dirname(os.path.dirname(model))}
+    result = {
+        "seconds": round(time.monotonic() - started, 1),
+        "accuracy": outputs["accuracy"],
+        "model": model,
+        "report": outputs["report"].path,
+        "run": os.path.dirname(os.path.dirname(model)),
+    }
     result["publish"] = publish_summary(model, outputs["metrics"].metadata, arguments.get("publish_uri", ""))
     return result
 
@@ -67,5 +73,7 @@ def publish_summary(model_dir: str, metrics: dict[str, Any], publish_uri: str) -
         latest = json.load(f)
     if latest["lineage"]["run_id"] == run_id:
         return f"published version {latest['version']} at {latest['path']}"
-    return (f"not published: accuracy {metrics['accuracy']:.4f} is below the published version {latest['version']} "
-            f"({latest['metrics']['accuracy']:.4f})")
+    return (
+        f"not published: accuracy {metrics['accuracy']:.4f} is below the published version {latest['version']} "
+        f"({latest['metrics']['accuracy']:.4f})"
+    )

@@ -41,12 +41,15 @@ class PodSettings:
         for name in ("cpu_request", "cpu_limit", "memory_request", "memory_limit"):
             value = getattr(self, name)
             if not QUANTITY.match(value):
-                raise UsageError(f"{name} {value!r} is not allowed; allowed: a Kubernetes quantity such as 500m, 2, "
-                                 "512Mi or 4Gi")
+                raise UsageError(
+                    f"{name} {value!r} is not allowed; allowed: a Kubernetes quantity such as 500m, 2, 512Mi or 4Gi"
+                )
         if self.gpus:
-            raise UsageError(f"gpus {self.gpus} is not allowed; allowed: 0. The image installs the CPU build of "
-                             "TensorFlow from PyPI and no CUDA libraries, so a GPU pod would train on its CPU: build a "
-                             "GPU image (tensorflow[and-cuda]==2.21.0 on an NVIDIA CUDA base) first, see docs/cluster.md")
+            raise UsageError(
+                f"gpus {self.gpus} is not allowed; allowed: 0. The image installs the CPU build of "
+                "TensorFlow from PyPI and no CUDA libraries, so a GPU pod would train on its CPU: build a "
+                "GPU image (tensorflow[and-cuda]==2.21.0 on an NVIDIA CUDA base) first, see docs/cluster.md"
+            )
         if not 0 <= self.retries <= 10:
             raise UsageError(f"retries {self.retries} is not allowed; allowed: 0 to 10")
         if self.timeout_seconds < 60:

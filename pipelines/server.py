@@ -28,21 +28,37 @@ from trainer.errors import UsageError
 def add_server_arguments(parser: Any, action: str, pipeline_name: str) -> None:
     """The options of --upload, --run, --schedule and --every (only the ones `action` uses)."""
     server = parser.add_argument_group("the KFP server")
-    server.add_argument("--host", default=os.environ.get("KF_PIPELINES_ENDPOINT"),
-                        help="KFP API endpoint (default: $KF_PIPELINES_ENDPOINT)")
-    server.add_argument("--token-file", default=None, help="file holding a bearer token (default: $KF_PIPELINES_TOKEN, "
-                        "else /var/run/secrets/kubeflow/pipelines/token when present)")
+    server.add_argument(
+        "--host",
+        default=os.environ.get("KF_PIPELINES_ENDPOINT"),
+        help="KFP API endpoint (default: $KF_PIPELINES_ENDPOINT)",
+    )
+    server.add_argument(
+        "--token-file",
+        default=None,
+        help="file holding a bearer token (default: $KF_PIPELINES_TOKEN, "
+        "else /var/run/secrets/kubeflow/pipelines/token when present)",
+    )
     server.add_argument("--namespace", default=None, help="Kubeflow profile namespace (multi-user Kubeflow)")
-    server.add_argument("--pipeline-name", default=None, help=f"default: the strategy's pipeline name ({pipeline_name} "
-                        "for multi_worker_mirrored)")
+    server.add_argument(
+        "--pipeline-name",
+        default=None,
+        help=f"default: the strategy's pipeline name ({pipeline_name} for multi_worker_mirrored)",
+    )
     if action == "upload":
         return
     runs = parser.add_argument_group("the run")
-    runs.add_argument("--experiment", default=None, help="experiment for runs, created if missing (default: the "
-                      "pipeline name)")
+    runs.add_argument(
+        "--experiment", default=None, help="experiment for runs, created if missing (default: the pipeline name)"
+    )
     runs.add_argument("--run-name", default=None, help="name of the run or recurring run")
-    runs.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                      help="pipeline parameter, checked against the pipeline and the contract before anything is sent")
+    runs.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="pipeline parameter, checked against the pipeline and the contract before anything is sent",
+    )
     if action in ("schedule", "every"):
         recurring = parser.add_argument_group("the recurring run")
         recurring.add_argument("--max-concurrency", type=int, default=1, help="at most this many runs at once")
@@ -113,8 +129,20 @@ def to_server(args: Any, action: str, package: str, token_file: str) -> int:
         run_id = start_run(client, host, experiment, run_name, pipeline_id, version_id, params)
         print(f"run {run_id}: {host}/#/runs/details/{run_id}")
         return 0
-    recurring = schedule(client, host, experiment, run_name, pipeline_id, version_id, params, cron=cron,
-                         interval_seconds=interval, max_concurrency=args.max_concurrency, no_catchup=args.no_catchup,
-                         start_time=start, end_time=end)
+    recurring = schedule(
+        client,
+        host,
+        experiment,
+        run_name,
+        pipeline_id,
+        version_id,
+        params,
+        cron=cron,
+        interval_seconds=interval,
+        max_concurrency=args.max_concurrency,
+        no_catchup=args.no_catchup,
+        start_time=start,
+        end_time=end,
+    )
     print(f"recurring run {recurring}: {host}/#/recurringruns/details/{recurring}")
     return 0

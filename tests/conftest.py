@@ -16,7 +16,9 @@ def run_module(module: str, *args: str, env: dict | None = None, timeout: float 
     full_env["PYTHONPATH"] = str(ROOT)
     full_env.pop("TF_CONFIG", None)
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.fixture(scope="session")
@@ -35,8 +37,20 @@ def undisturbed_two_workers(sample_data, tmp_path_factory):
     scratch = base / "scratch"
     scratch.mkdir()
     model_dir = base / "model"
-    result = run_module("trainer.launch", "--workers", "2", "--", "--data", sample_data, "--model-dir", str(model_dir),
-                        "--epochs", "10", env={"TMPDIR": str(scratch)}, timeout=400)
+    result = run_module(
+        "trainer.launch",
+        "--workers",
+        "2",
+        "--",
+        "--data",
+        sample_data,
+        "--model-dir",
+        str(model_dir),
+        "--epochs",
+        "10",
+        env={"TMPDIR": str(scratch)},
+        timeout=400,
+    )
     return model_dir, scratch, result
 
 

@@ -41,17 +41,29 @@ def docker_network(client: Any) -> tuple[str, str]:
     try:
         client.networks.get(name)
     except docker.errors.NotFound:
-        client.networks.create(name, driver="bridge", ipam=docker.types.IPAMConfig(
-            pool_configs=[docker.types.IPAMPool(subnet=subnet, gateway=gateway)]))
+        client.networks.create(
+            name,
+            driver="bridge",
+            ipam=docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=subnet, gateway=gateway)]),
+        )
     return name, gateway
 
 
 def start_cluster(directory: Path, gateway: str) -> StandInCluster:
     """The stand-in cluster on the gateway, with the run's Argo Workflow (whose name Argo puts on every pod)."""
-    cluster = StandInCluster.start(directory, gateway, namespace=NAMESPACE, api_port=API_PORT, dns_port=53,
-                                   pod_labels={"workflows.argoproj.io/workflow": WORKFLOW})
-    cluster.api.add("workflows.argoproj.io", NAMESPACE, {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
-                                                         "metadata": {"name": WORKFLOW}})
+    cluster = StandInCluster.start(
+        directory,
+        gateway,
+        namespace=NAMESPACE,
+        api_port=API_PORT,
+        dns_port=53,
+        pod_labels={"workflows.argoproj.io/workflow": WORKFLOW},
+    )
+    cluster.api.add(
+        "workflows.argoproj.io",
+        NAMESPACE,
+        {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": WORKFLOW}},
+    )
     return cluster
 
 
@@ -64,7 +76,8 @@ def pod_image(client: Any, base: str, cluster: StandInCluster) -> str:
         shutil.copytree(cluster.files.serviceaccount, Path(context) / "serviceaccount")
         env = " ".join(f"{k}={v}" for k, v in cluster.files.env(cluster.https.port).items())
         (Path(context) / "Dockerfile").write_text(
-            f"FROM {base}\nCOPY serviceaccount/ {SERVICEACCOUNT_MOUNT}/\nENV {env}\n")
+            f"FROM {base}\nCOPY serviceaccount/ {SERVICEACCOUNT_MOUNT}/\nENV {env}\n"
+        )
         client.images.build(path=context, tag=tag, rm=True)
     return tag
 
@@ -73,8 +86,12 @@ def docker_runner(network: str, cluster: StandInCluster) -> Any:
     """kfp.local's DockerRunner whose containers resolve names through the stand-in's DNS like a pod."""
     from kfp import local
 
-    return local.DockerRunner(network_mode=network, dns=[cluster.files.host], dns_opt=["ndots:5"],
-                              dns_search=search_domains(NAMESPACE, cluster.api.cluster_domain))
+    return local.DockerRunner(
+        network_mode=network,
+        dns=[cluster.files.host],
+        dns_opt=["ndots:5"],
+        dns_search=search_domains(NAMESPACE, cluster.api.cluster_domain),
+    )
 
 
 def pipeline_root() -> Path:

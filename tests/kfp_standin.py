@@ -37,8 +37,12 @@ class KfpStandIn:
         return next(p.get("stringValue", p.get("string_value")) for p in predicates if p["key"] == "display_name")
 
     def _new_version(self, pipeline_id, name, request):
-        version = {"pipeline_id": pipeline_id, "pipeline_version_id": str(uuid.uuid4()), "display_name": name,
-                   "uploaded_bytes": len(request.files["uploadfile"].read())}
+        version = {
+            "pipeline_id": pipeline_id,
+            "pipeline_version_id": str(uuid.uuid4()),
+            "display_name": name,
+            "uploaded_bytes": len(request.files["uploadfile"].read()),
+        }
         self.versions.setdefault(pipeline_id, []).append(version)
         return version
 
@@ -46,7 +50,9 @@ class KfpStandIn:
         path, method = request.path, request.method
         self.requests.append((method, path))
         if self.fail_with and path != "/apis/v2beta1/healthz":
-            return _json({"error": "database is locked", "code": 13, "message": "internal: database is locked"}, self.fail_with)
+            return _json(
+                {"error": "database is locked", "code": 13, "message": "internal: database is locked"}, self.fail_with
+            )
         if path == "/apis/v2beta1/healthz":
             return _json({"multi_user": False})
         if path == "/apis/v2beta1/pipelines" and method == "GET":
@@ -57,7 +63,11 @@ class KfpStandIn:
             name = request.args["name"]
             if any(p["display_name"] == name for p in self.pipelines.values()):
                 return _json({"message": f"pipeline {name} already exists", "code": 6}, 409)
-            pipeline = {"pipeline_id": str(uuid.uuid4()), "display_name": name, "namespace": request.args.get("namespace", "")}
+            pipeline = {
+                "pipeline_id": str(uuid.uuid4()),
+                "display_name": name,
+                "namespace": request.args.get("namespace", ""),
+            }
             self.pipelines[pipeline["pipeline_id"]] = pipeline
             self._new_version(pipeline["pipeline_id"], name, request)
             return _json(pipeline)
@@ -67,14 +77,20 @@ class KfpStandIn:
                 return _json({"message": "pipeline not found", "code": 5}, 404)
             return _json(self._new_version(pipeline_id, request.args["name"], request))
         if m := re.fullmatch(r"/apis/v2beta1/pipelines/([^/]+)/versions", path):
-            return _json({"pipeline_versions": self.versions.get(m[1], []), "total_size": len(self.versions.get(m[1], []))})
+            return _json(
+                {"pipeline_versions": self.versions.get(m[1], []), "total_size": len(self.versions.get(m[1], []))}
+            )
         if path == "/apis/v2beta1/experiments" and method == "GET":
             name = self._name_filter(request)
             found = [e for e in self.experiments.values() if e["display_name"] == name]
             return _json({"experiments": found, "total_size": len(found)} if found else {})
         if path == "/apis/v2beta1/experiments" and method == "POST":
             body = request.get_json()
-            experiment = {"experiment_id": str(uuid.uuid4()), "display_name": body["display_name"], "namespace": body.get("namespace", "")}
+            experiment = {
+                "experiment_id": str(uuid.uuid4()),
+                "display_name": body["display_name"],
+                "namespace": body.get("namespace", ""),
+            }
             self.experiments[experiment["experiment_id"]] = experiment
             return _json(experiment)
         if path == "/apis/v2beta1/runs" and method == "POST":

@@ -1,5 +1,6 @@
 """Every entry point checks its input at the boundary: one line naming the value and what is allowed, exit code 2,
-nothing written. The table spans the trainer CLIs, the pipeline CLI and the component bodies."""
+nothing written. The table spans the trainer CLIs, the pipeline CLI and the component bodies.
+"""
 
 import json
 import math
@@ -37,7 +38,9 @@ def bad(tmp_path_factory, sample_data):
     (missing / "t10k-labels-idx1-ubyte.gz").unlink()
     truncated = root / "idx-truncated"
     shutil.copytree(SAMPLE_DIR, truncated)
-    (truncated / "train-labels-idx1-ubyte.gz").write_bytes((truncated / "train-labels-idx1-ubyte.gz").read_bytes()[:200])
+    (truncated / "train-labels-idx1-ubyte.gz").write_bytes(
+        (truncated / "train-labels-idx1-ubyte.gz").read_bytes()[:200]
+    )
     magic = root / "idx-magic"
     shutil.copytree(SAMPLE_DIR, magic)
     payload = bytearray(encode_idx(np.zeros((4, 28, 28), dtype=np.uint8)))
@@ -90,113 +93,339 @@ def _component(name, **kwargs):
         except SystemExit as exit_info:
             return exit_info.code
         return 0
+
     return call
 
 
 CASES = {
     # trainer-train: the contract's settings
-    "batch size zero": lambda b, s: (*_train(b, s, "--batch-size", "0"), "batch_size 0 is not allowed; allowed: an integer from 1 to 65536"),
+    "batch size zero": lambda b, s: (
+        *_train(b, s, "--batch-size", "0"),
+        "batch_size 0 is not allowed; allowed: an integer from 1 to 65536",
+    ),
     "batch size negative": lambda b, s: (*_train(b, s, "--batch-size", "-8"), "batch_size -8 is not allowed"),
-    "epochs zero": lambda b, s: (*_train(b, s, "--epochs", "0"), "epochs 0 is not allowed; allowed: an integer from 1 to 100000"),
-    "epochs not a number": lambda b, s: (*_train(b, s, "--epochs", "ten"), "argument --epochs: epochs 'ten' is not an integer"),
-    "learning rate NaN": lambda b, s: (*_train(b, s, "--learning-rate", "nan"), "learning_rate nan is not allowed; allowed: a number from 1e-09 to 10"),
-    "learning rate infinite": lambda b, s: (*_train(b, s, "--learning-rate", "inf"), "learning_rate inf is not allowed"),
+    "epochs zero": lambda b, s: (
+        *_train(b, s, "--epochs", "0"),
+        "epochs 0 is not allowed; allowed: an integer from 1 to 100000",
+    ),
+    "epochs not a number": lambda b, s: (
+        *_train(b, s, "--epochs", "ten"),
+        "argument --epochs: epochs 'ten' is not an integer",
+    ),
+    "learning rate NaN": lambda b, s: (
+        *_train(b, s, "--learning-rate", "nan"),
+        "learning_rate nan is not allowed; allowed: a number from 1e-09 to 10",
+    ),
+    "learning rate infinite": lambda b, s: (
+        *_train(b, s, "--learning-rate", "inf"),
+        "learning_rate inf is not allowed",
+    ),
     "learning rate zero": lambda b, s: (*_train(b, s, "--learning-rate", "0"), "learning_rate 0.0 is not allowed"),
-    "steps per execution zero": lambda b, s: (*_train(b, s, "--steps-per-execution", "0"), "steps_per_execution 0 is not allowed"),
-    "shuffle buffer zero": lambda b, s: (*_train(b, s, "--shuffle-buffer", "0"), "shuffle_buffer 0 is not allowed; allowed: an integer of at least 1"),
-    "start-up timeout negative": lambda b, s: (*_train(b, s, "--startup-timeout", "-5"), "startup_timeout -5.0 is not allowed; allowed: a number from 1 to 86400"),
-    "collective timeout NaN": lambda b, s: (*_train(b, s, "--collective-timeout", "nan"), "collective_timeout nan is not allowed"),
-    "max restarts negative": lambda b, s: (*_train(b, s, "--max-restarts", "-1"), "max_restarts -1 is not allowed; allowed: an integer from 0 to 100"),
-    "strategy unknown": lambda b, s: (*_train(b, s, "--strategy", "ring"), "strategy 'ring' is not allowed; allowed: multi_worker_mirrored, parameter_server"),
+    "steps per execution zero": lambda b, s: (
+        *_train(b, s, "--steps-per-execution", "0"),
+        "steps_per_execution 0 is not allowed",
+    ),
+    "shuffle buffer zero": lambda b, s: (
+        *_train(b, s, "--shuffle-buffer", "0"),
+        "shuffle_buffer 0 is not allowed; allowed: an integer of at least 1",
+    ),
+    "start-up timeout negative": lambda b, s: (
+        *_train(b, s, "--startup-timeout", "-5"),
+        "startup_timeout -5.0 is not allowed; allowed: a number from 1 to 86400",
+    ),
+    "collective timeout NaN": lambda b, s: (
+        *_train(b, s, "--collective-timeout", "nan"),
+        "collective_timeout nan is not allowed",
+    ),
+    "max restarts negative": lambda b, s: (
+        *_train(b, s, "--max-restarts", "-1"),
+        "max_restarts -1 is not allowed; allowed: an integer from 0 to 100",
+    ),
+    "strategy unknown": lambda b, s: (
+        *_train(b, s, "--strategy", "ring"),
+        "strategy 'ring' is not allowed; allowed: multi_worker_mirrored, parameter_server",
+    ),
     # trainer-train: the cluster
     "TF_CONFIG bad JSON": lambda b, s: (*_train(b, s, "--tf-config", "{'cluster': 1"), "TF_CONFIG is not valid JSON"),
-    "TF_CONFIG index out of range": lambda b, s: (*_train(b, s, "--tf-config", _tf({"worker": ["a:1", "b:1"]}, index=2)),
-                                                  "task index 2 is out of range for 'worker'; allowed: 0 to 1"),
-    "TF_CONFIG duplicate hosts": lambda b, s: (*_train(b, s, "--tf-config", _tf({"worker": ["a:1", "a:1"]})), "address 'a:1' appears twice"),
-    "TF_CONFIG missing task": lambda b, s: (*_train(b, s, "--tf-config", json.dumps({"cluster": {"worker": ["a:1"]}})),
-                                            "TF_CONFIG needs 'cluster' and 'task' keys"),
-    "port above 65535": lambda b, s: (*_train(b, s, "--cluster-spec", '{"worker": ["a:70000"]}', "--worker-index", "0"),
-                                      "address 'a:70000' has port '70000'; allowed: an integer from 1 to 65535"),
+    "TF_CONFIG index out of range": lambda b, s: (
+        *_train(b, s, "--tf-config", _tf({"worker": ["a:1", "b:1"]}, index=2)),
+        "task index 2 is out of range for 'worker'; allowed: 0 to 1",
+    ),
+    "TF_CONFIG duplicate hosts": lambda b, s: (
+        *_train(b, s, "--tf-config", _tf({"worker": ["a:1", "a:1"]})),
+        "address 'a:1' appears twice",
+    ),
+    "TF_CONFIG missing task": lambda b, s: (
+        *_train(b, s, "--tf-config", json.dumps({"cluster": {"worker": ["a:1"]}})),
+        "TF_CONFIG needs 'cluster' and 'task' keys",
+    ),
+    "port above 65535": lambda b, s: (
+        *_train(b, s, "--cluster-spec", '{"worker": ["a:70000"]}', "--worker-index", "0"),
+        "address 'a:70000' has port '70000'; allowed: an integer from 1 to 65535",
+    ),
     "port zero": lambda b, s: (*_train(b, s, "--tf-config", _tf({"worker": ["a:0"]})), "has port '0'"),
-    "cluster spec without an index": lambda b, s: (*_train(b, s, "--cluster-spec", '{"worker": ["a:1"]}'), "--cluster-spec needs --worker-index"),
+    "cluster spec without an index": lambda b, s: (
+        *_train(b, s, "--cluster-spec", '{"worker": ["a:1"]}'),
+        "--cluster-spec needs --worker-index",
+    ),
     # trainer-train: the dataset and the output
-    "TFRecord shard corrupted": lambda b, s: (*_train(b, str(b / "corrupted")), "train-00002-of-00004.tfrecord' is corrupted"),
+    "TFRecord shard corrupted": lambda b, s: (
+        *_train(b, str(b / "corrupted")),
+        "train-00002-of-00004.tfrecord' is corrupted",
+    ),
     "metadata missing": lambda b, s: (*_train(b, str(b / "no-metadata")), "has no metadata.json"),
-    "metadata image shape with no channel": lambda b, s: (*_train(b, str(b / "zero-channels")), "image_shape [28, 28, 0] is not allowed"),
-    "metadata class names short": lambda b, s: (*_train(b, str(b / "names-short")), "class_names ['0', '1'] is not allowed; allowed: 10 distinct"),
-    "metadata example count negative": lambda b, s: (*_train(b, str(b / "count-negative")), "splits.train.num_examples -4000 is not allowed"),
+    "metadata image shape with no channel": lambda b, s: (
+        *_train(b, str(b / "zero-channels")),
+        "image_shape [28, 28, 0] is not allowed",
+    ),
+    "metadata class names short": lambda b, s: (
+        *_train(b, str(b / "names-short")),
+        "class_names ['0', '1'] is not allowed; allowed: 10 distinct",
+    ),
+    "metadata example count negative": lambda b, s: (
+        *_train(b, str(b / "count-negative")),
+        "splits.train.num_examples -4000 is not allowed",
+    ),
     "metadata shard outside the dataset": lambda b, s: (*_train(b, str(b / "shard-path")), "splits.train.shards"),
-    "metadata one class": lambda b, s: (*_train(b, str(b / "one-class")), "num_classes 1 is not allowed; allowed: an integer from 2"),
-    "unwritable model directory": lambda b, s: (train.main, ["--data", s, "--model-dir", str(b / "a-file" / "model")], None, "is not writable"),
+    "metadata one class": lambda b, s: (
+        *_train(b, str(b / "one-class")),
+        "num_classes 1 is not allowed; allowed: an integer from 2",
+    ),
+    "unwritable model directory": lambda b, s: (
+        train.main,
+        ["--data", s, "--model-dir", str(b / "a-file" / "model")],
+        None,
+        "is not writable",
+    ),
     # trainer-prepare
-    "unknown TFDS name": lambda b, s: (*_prepare(b, "tfds:no_such_set_xyz"), "TFDS dataset 'no_such_set_xyz' does not exist"),
-    "unrecognised source": lambda b, s: (*_prepare(b, "ftp://x"), "source 'ftp://x' is not allowed; allowed: 'sample', 'idx:DIR_OR_URI'"),
-    "IDX directory missing a file": lambda b, s: (*_prepare(b, f"idx:{b / 'idx-missing'}"), "has no t10k-labels-idx1-ubyte.gz"),
+    "unknown TFDS name": lambda b, s: (
+        *_prepare(b, "tfds:no_such_set_xyz"),
+        "TFDS dataset 'no_such_set_xyz' does not exist",
+    ),
+    "unrecognised source": lambda b, s: (
+        *_prepare(b, "ftp://x"),
+        "source 'ftp://x' is not allowed; allowed: 'sample', 'idx:DIR_OR_URI'",
+    ),
+    "IDX directory missing a file": lambda b, s: (
+        *_prepare(b, f"idx:{b / 'idx-missing'}"),
+        "has no t10k-labels-idx1-ubyte.gz",
+    ),
     "IDX directory missing": lambda b, s: (*_prepare(b, f"idx:{b / 'nowhere'}"), "does not exist"),
-    "IDX file truncated": lambda b, s: (*_prepare(b, f"idx:{b / 'idx-truncated'}"), "train-labels-idx1-ubyte.gz' is not a complete gzip file"),
-    "IDX wrong magic number": lambda b, s: (*_prepare(b, f"idx:{b / 'idx-magic'}"), "has magic number 0x00000c03; allowed: 0x00000801 to 0x00000804"),
-    "shards zero": lambda b, s: (*_prepare(b, "sample", "--num-shards", "0"), "num_shards 0 is not allowed; allowed: an integer from 1 to 1024"),
-    "max train examples negative": lambda b, s: (*_prepare(b, "sample", "--max-train-examples", "-1"), "max_train_examples -1 is not allowed"),
-    "network timeout infinite": lambda b, s: (*_prepare(b, "sample", "--network-timeout", "inf"), "network_timeout inf is not allowed"),
-    "unwritable output location": lambda b, s: (prepare.main, ["--source", "sample", "--output", str(b / "a-file" / "out")], None, "is not writable"),
+    "IDX file truncated": lambda b, s: (
+        *_prepare(b, f"idx:{b / 'idx-truncated'}"),
+        "train-labels-idx1-ubyte.gz' is not a complete gzip file",
+    ),
+    "IDX wrong magic number": lambda b, s: (
+        *_prepare(b, f"idx:{b / 'idx-magic'}"),
+        "has magic number 0x00000c03; allowed: 0x00000801 to 0x00000804",
+    ),
+    "shards zero": lambda b, s: (
+        *_prepare(b, "sample", "--num-shards", "0"),
+        "num_shards 0 is not allowed; allowed: an integer from 1 to 1024",
+    ),
+    "max train examples negative": lambda b, s: (
+        *_prepare(b, "sample", "--max-train-examples", "-1"),
+        "max_train_examples -1 is not allowed",
+    ),
+    "network timeout infinite": lambda b, s: (
+        *_prepare(b, "sample", "--network-timeout", "inf"),
+        "network_timeout inf is not allowed",
+    ),
+    "unwritable output location": lambda b, s: (
+        prepare.main,
+        ["--source", "sample", "--output", str(b / "a-file" / "out")],
+        None,
+        "is not writable",
+    ),
     # trainer-evaluate
-    "model directory without SavedModel": lambda b, s: (evaluate.main, ["--model-dir", str(b / "not-a-model"), "--data", s,
-                                                                        "--output", str(b / "out" / "metrics.json")], "metrics.json",
-                                                        "holds no SavedModel"),
-    "evaluation data without metadata": lambda b, s: (evaluate.main, ["--model-dir", str(b / "not-a-model"), "--data", str(b / "no-metadata")],
-                                                      None, "holds no SavedModel"),
+    "model directory without SavedModel": lambda b, s: (
+        evaluate.main,
+        ["--model-dir", str(b / "not-a-model"), "--data", s, "--output", str(b / "out" / "metrics.json")],
+        "metrics.json",
+        "holds no SavedModel",
+    ),
+    "evaluation data without metadata": lambda b, s: (
+        evaluate.main,
+        ["--model-dir", str(b / "not-a-model"), "--data", str(b / "no-metadata")],
+        None,
+        "holds no SavedModel",
+    ),
     # trainer-launch
-    "workers zero": lambda b, s: (launch.main, ["--workers", "0", "--", "--data", s], None, "workers 0 is not allowed; allowed: 1 to 16"),
-    "workers above maximum": lambda b, s: (launch.main, ["--workers", "17"], None, "workers 17 is not allowed; allowed: 1 to 16"),
-    "launcher restarts negative": lambda b, s: (launch.main, ["--workers", "2", "--max-restarts", "-1"], None, "max restarts -1 is not allowed"),
-    "launcher grace NaN": lambda b, s: (launch.main, ["--workers", "2", "--grace", "nan"], None, "grace nan is not allowed; allowed: 0 to 3600"),
-    "launcher parameter servers negative": lambda b, s: (launch.main, ["--workers", "2", "--ps", "-1"], None, "ps -1 is not allowed"),
+    "workers zero": lambda b, s: (
+        launch.main,
+        ["--workers", "0", "--", "--data", s],
+        None,
+        "workers 0 is not allowed; allowed: 1 to 16",
+    ),
+    "workers above maximum": lambda b, s: (
+        launch.main,
+        ["--workers", "17"],
+        None,
+        "workers 17 is not allowed; allowed: 1 to 16",
+    ),
+    "launcher restarts negative": lambda b, s: (
+        launch.main,
+        ["--workers", "2", "--max-restarts", "-1"],
+        None,
+        "max restarts -1 is not allowed",
+    ),
+    "launcher grace NaN": lambda b, s: (
+        launch.main,
+        ["--workers", "2", "--grace", "nan"],
+        None,
+        "grace nan is not allowed; allowed: 0 to 3600",
+    ),
+    "launcher parameter servers negative": lambda b, s: (
+        launch.main,
+        ["--workers", "2", "--ps", "-1"],
+        None,
+        "ps -1 is not allowed",
+    ),
     # the pipeline CLI
-    "compile without an image": lambda b, s: (*_pipeline("--compile", "--output", str(b / "out" / "p1.yaml"), out="p1.yaml"),
-                                              "no image: pass --image REGISTRY/kfp-tf-multiworker:"),
-    "image reference invalid": lambda b, s: (*_pipeline("--compile", "--image", "Team/Image:1", "--output", str(b / "out" / "p2.yaml"),
-                                                        out="p2.yaml"), "image 'Team/Image:1' is not a valid image reference"),
-    "GPUs for a CPU image": lambda b, s: (*_pipeline("--compile", "--image", IMAGE, "--gpus", "1", "--output", str(b / "out" / "p3.yaml"),
-                                                     out="p3.yaml"), "gpus 1 is not allowed; allowed: 0. The image installs the CPU build"),
-    "CPU request not a quantity": lambda b, s: (*_pipeline("--compile", "--image", IMAGE, "--cpu-request", "lots", "--output",
-                                                           str(b / "out" / "p4.yaml"), out="p4.yaml"), "cpu_request 'lots' is not allowed"),
-    "retries above maximum": lambda b, s: (*_pipeline("--compile", "--image", IMAGE, "--retries", "11", "--output",
-                                                      str(b / "out" / "p5.yaml"), out="p5.yaml"), "retries 11 is not allowed; allowed: 0 to 10"),
-    "compile to a non-YAML file": lambda b, s: (*_pipeline("--compile", "--image", IMAGE, "--output", str(b / "out" / "p.json"), out="p.json"),
-                                                "must end with .yaml or .yml"),
-    "local run with three workers": lambda b, s: (*_pipeline("--local", "--num-workers", "3", "--output-dir", str(b / "out" / "run1"),
-                                                             out="run1"), "--num-workers 3 is not allowed with --local; allowed: 1 to 2"),
-    "local run gate above 1": lambda b, s: (*_pipeline("--local", "--min-accuracy", "1.5", "--output-dir", str(b / "out" / "run2"),
-                                                       out="run2"), "min_accuracy 1.5 is not allowed; allowed: a number from 0 to 1"),
-    "run parameter out of range": lambda b, s: (*_pipeline("--run", "--image", IMAGE, "--host", "http://127.0.0.1:9", "--param", "epochs=0"),
-                                                "epochs 0 is not allowed"),
-    "run parameter unknown": lambda b, s: (*_pipeline("--run", "--image", IMAGE, "--host", "http://127.0.0.1:9", "--param", "epoch=3"),
-                                           "--param 'epoch' is not a parameter of this pipeline"),
-    "schedule with five cron fields": lambda b, s: (*_pipeline("--schedule", "0 2 * * *", "--image", IMAGE, "--host", "http://127.0.0.1:9"),
-                                                    "KFP cron has 6 with seconds first: '0 0 2 * * *'"),
+    "compile without an image": lambda b, s: (
+        *_pipeline("--compile", "--output", str(b / "out" / "p1.yaml"), out="p1.yaml"),
+        "no image: pass --image REGISTRY/kfp-tf-multiworker:",
+    ),
+    "image reference invalid": lambda b, s: (
+        *_pipeline("--compile", "--image", "Team/Image:1", "--output", str(b / "out" / "p2.yaml"), out="p2.yaml"),
+        "image 'Team/Image:1' is not a valid image reference",
+    ),
+    "GPUs for a CPU image": lambda b, s: (
+        *_pipeline("--compile", "--image", IMAGE, "--gpus", "1", "--output", str(b / "out" / "p3.yaml"), out="p3.yaml"),
+        "gpus 1 is not allowed; allowed: 0. The image installs the CPU build",
+    ),
+    "CPU request not a quantity": lambda b, s: (
+        *_pipeline(
+            "--compile",
+            "--image",
+            IMAGE,
+            "--cpu-request",
+            "lots",
+            "--output",
+            str(b / "out" / "p4.yaml"),
+            out="p4.yaml",
+        ),
+        "cpu_request 'lots' is not allowed",
+    ),
+    "retries above maximum": lambda b, s: (
+        *_pipeline(
+            "--compile", "--image", IMAGE, "--retries", "11", "--output", str(b / "out" / "p5.yaml"), out="p5.yaml"
+        ),
+        "retries 11 is not allowed; allowed: 0 to 10",
+    ),
+    "compile to a non-YAML file": lambda b, s: (
+        *_pipeline("--compile", "--image", IMAGE, "--output", str(b / "out" / "p.json"), out="p.json"),
+        "must end with .yaml or .yml",
+    ),
+    "local run with three workers": lambda b, s: (
+        *_pipeline("--local", "--num-workers", "3", "--output-dir", str(b / "out" / "run1"), out="run1"),
+        "--num-workers 3 is not allowed with --local; allowed: 1 to 2",
+    ),
+    "local run gate above 1": lambda b, s: (
+        *_pipeline("--local", "--min-accuracy", "1.5", "--output-dir", str(b / "out" / "run2"), out="run2"),
+        "min_accuracy 1.5 is not allowed; allowed: a number from 0 to 1",
+    ),
+    "run parameter out of range": lambda b, s: (
+        *_pipeline("--run", "--image", IMAGE, "--host", "http://127.0.0.1:9", "--param", "epochs=0"),
+        "epochs 0 is not allowed",
+    ),
+    "run parameter unknown": lambda b, s: (
+        *_pipeline("--run", "--image", IMAGE, "--host", "http://127.0.0.1:9", "--param", "epoch=3"),
+        "--param 'epoch' is not a parameter of this pipeline",
+    ),
+    "schedule with five cron fields": lambda b, s: (
+        *_pipeline("--schedule", "0 2 * * *", "--image", IMAGE, "--host", "http://127.0.0.1:9"),
+        "KFP cron has 6 with seconds first: '0 0 2 * * *'",
+    ),
     # component bodies
-    "prepare step source": lambda b, s: (_component("prepare_data", dataset=Dataset(uri=str(b / "out" / "ds")), source="ftp://x",
-                                                    max_train_examples=0, max_test_examples=0, num_shards=4), [], "ds",
-                                         "source 'ftp://x' is not allowed"),
-    "cluster step without workers": lambda b, s: (_component("create_cluster", cluster=Artifact(uri=str(b / "out" / "c1")), run_id="r",
-                                                             num_workers=0, cluster_mode="local", port=2222), [], "c1",
-                                                  "num_workers 0 is not allowed; allowed: an integer from 1 to 64"),
-    "cluster step mode unknown": lambda b, s: (_component("create_cluster", cluster=Artifact(uri=str(b / "out" / "c2")), run_id="r",
-                                                          num_workers=2, cluster_mode="docker", port=2222), [], "c2",
-                                               "cluster_mode 'docker' is not allowed; allowed: kubernetes, local"),
-    "worker step epochs NaN": lambda b, s: (_component("train_worker", dataset=Dataset(uri=s), cluster=Artifact(uri=str(b / "cluster")),
-                                                       worker_index=0, model=Model(uri=str(b / "out" / "m9")), run_id="r", epochs=1,
-                                                       batch_size=64, learning_rate=math.nan, startup_timeout=60.0,
-                                                       unschedulable_timeout=60.0, collective_timeout=0.0, max_restarts=0,
-                                                       checkpoint_dir="", cluster_mode="local"), [], "m9",
-                                            "learning_rate nan is not allowed"),
-    "evaluate step gate NaN": lambda b, s: (_component("evaluate", dataset=Dataset(uri=s), models=[Model(uri=str(b / "not-a-model"))],
-                                                       metrics=Metrics(uri=str(b / "out" / "metrics")), classification_metrics=Artifact(uri=str(b / "out" / "cm")),
-                                                       report=Artifact(uri=str(b / "out" / "report")), chief_model=Model(uri=str(b / "out" / "chief")),
-                                                       min_accuracy=math.nan), [], "chief", "min_accuracy nan is not allowed"),
-    "publish step without a location": lambda b, s: (_component("publish_model", model=Model(uri=str(b / "not-a-model")),
-                                                                metrics=Metrics(uri=str(b / "m")), decision=Markdown(uri=str(b / "out" / "d")),
-                                                                publish_uri=""), [], "d", "publish_uri is empty"),
+    "prepare step source": lambda b, s: (
+        _component(
+            "prepare_data",
+            dataset=Dataset(uri=str(b / "out" / "ds")),
+            source="ftp://x",
+            max_train_examples=0,
+            max_test_examples=0,
+            num_shards=4,
+        ),
+        [],
+        "ds",
+        "source 'ftp://x' is not allowed",
+    ),
+    "cluster step without workers": lambda b, s: (
+        _component(
+            "create_cluster",
+            cluster=Artifact(uri=str(b / "out" / "c1")),
+            run_id="r",
+            num_workers=0,
+            cluster_mode="local",
+            port=2222,
+        ),
+        [],
+        "c1",
+        "num_workers 0 is not allowed; allowed: an integer from 1 to 64",
+    ),
+    "cluster step mode unknown": lambda b, s: (
+        _component(
+            "create_cluster",
+            cluster=Artifact(uri=str(b / "out" / "c2")),
+            run_id="r",
+            num_workers=2,
+            cluster_mode="docker",
+            port=2222,
+        ),
+        [],
+        "c2",
+        "cluster_mode 'docker' is not allowed; allowed: kubernetes, local",
+    ),
+    "worker step epochs NaN": lambda b, s: (
+        _component(
+            "train_worker",
+            dataset=Dataset(uri=s),
+            cluster=Artifact(uri=str(b / "cluster")),
+            worker_index=0,
+            model=Model(uri=str(b / "out" / "m9")),
+            run_id="r",
+            epochs=1,
+            batch_size=64,
+            learning_rate=math.nan,
+            startup_timeout=60.0,
+            unschedulable_timeout=60.0,
+            collective_timeout=0.0,
+            max_restarts=0,
+            checkpoint_dir="",
+            cluster_mode="local",
+        ),
+        [],
+        "m9",
+        "learning_rate nan is not allowed",
+    ),
+    "evaluate step gate NaN": lambda b, s: (
+        _component(
+            "evaluate",
+            dataset=Dataset(uri=s),
+            models=[Model(uri=str(b / "not-a-model"))],
+            metrics=Metrics(uri=str(b / "out" / "metrics")),
+            classification_metrics=Artifact(uri=str(b / "out" / "cm")),
+            report=Artifact(uri=str(b / "out" / "report")),
+            chief_model=Model(uri=str(b / "out" / "chief")),
+            min_accuracy=math.nan,
+        ),
+        [],
+        "chief",
+        "min_accuracy nan is not allowed",
+    ),
+    "publish step without a location": lambda b, s: (
+        _component(
+            "publish_model",
+            model=Model(uri=str(b / "not-a-model")),
+            metrics=Metrics(uri=str(b / "m")),
+            decision=Markdown(uri=str(b / "out" / "d")),
+            publish_uri="",
+        ),
+        [],
+        "d",
+        "publish_uri is empty",
+    ),
 }
 
 

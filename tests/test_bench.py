@@ -24,17 +24,25 @@ def _results(mode):
 
 def test_flop_count_matches_the_layers_counted_by_hand(bench):
     meta = {"image_shape": [28, 28, 1], "num_classes": 10}
-    multiply_adds = (28 * 28 * 24 * 9 * 1 + 28 * 28 * 24 * 9 * 24  # block 1: two padded 3x3 convolutions at 28x28
-                     + 14 * 14 * 48 * 9 * 24 + 14 * 14 * 48 * 9 * 48  # block 2 at 14x14
-                     + 7 * 7 * 48 * 128 + 128 * 10)  # dense layers
+    multiply_adds = (
+        28 * 28 * 24 * 9 * 1
+        + 28 * 28 * 24 * 9 * 24  # block 1: two padded 3x3 convolutions at 28x28
+        + 14 * 14 * 48 * 9 * 24
+        + 14 * 14 * 48 * 9 * 48  # block 2 at 14x14
+        + 7 * 7 * 48 * 128
+        + 128 * 10
+    )  # dense layers
     assert bench.model_train_flops_per_example(bench.bench_model(meta)) == 3 * 2 * multiply_adds
 
 
 def _synthetic(two_workers, accuracy, overhead):
     return {
         "mode": "full",
-        "throughput": {"baseline": {"examples_per_second": 1000.0}, "1 worker": {"examples_per_second": 990.0},
-                       "2 workers": {"examples_per_second": two_workers}},
+        "throughput": {
+            "baseline": {"examples_per_second": 1000.0},
+            "1 worker": {"examples_per_second": 990.0},
+            "2 workers": {"examples_per_second": two_workers},
+        },
         "input_pipeline_examples_per_second": 50_000.0,
         "time_to_accuracy": {"final_accuracy": accuracy},
         "pipeline": {"overhead_seconds": overhead, "compile_seconds": 0.6},
@@ -71,5 +79,8 @@ def test_the_recorded_full_run_measured_every_goal_and_the_accuracy_goal_holds(b
     results = _results("full")
     met = bench.goals_met(results)
     assert len(met) == len(bench.GOALS) + 1, "every goal, and the run time, was measured"
-    assert met["Fashion-MNIST ≥ 0.92 test accuracy within 5 epochs"] == (results["time_to_accuracy"]["final_accuracy"], True)
+    assert met["Fashion-MNIST ≥ 0.92 test accuracy within 5 epochs"] == (
+        results["time_to_accuracy"]["final_accuracy"],
+        True,
+    )
     assert results["machine"]["cores"] >= 2

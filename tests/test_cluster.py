@@ -24,7 +24,9 @@ def test_cluster_with_chief_and_ps_keeps_job_order():
 
 
 def test_ipv6_and_localhost_addresses_are_accepted():
-    assert build_tf_config(["[::1]:2222", "localhost:65535"], "worker", 0)["cluster"] == {"worker": ["[::1]:2222", "localhost:65535"]}
+    assert build_tf_config(["[::1]:2222", "localhost:65535"], "worker", 0)["cluster"] == {
+        "worker": ["[::1]:2222", "localhost:65535"]
+    }
 
 
 @pytest.mark.parametrize(

@@ -38,11 +38,16 @@ def test_prepare_data_refuses_a_bad_source_with_exit_2(tmp_path, capsys):
 
 def test_create_cluster_variants_give_typed_items_and_a_cluster_file(tmp_path):
     cluster = Artifact(uri=str(tmp_path / "mirrored"))
-    assert _run("create_cluster", cluster=cluster, run_id="r", num_workers=3, cluster_mode="local", port=2222) == [0, 1, 2]
+    assert _run("create_cluster", cluster=cluster, run_id="r", num_workers=3, cluster_mode="local", port=2222) == [
+        0,
+        1,
+        2,
+    ]
     assert len(cluster.metadata["cluster"]["worker"]) == 3 and cluster.metadata["mode"] == "local"
     ps_cluster = Artifact(uri=str(tmp_path / "ps"))
-    tasks = _run("create_ps_cluster", cluster=ps_cluster, run_id="r", num_workers=2, num_ps=1, cluster_mode="local",
-                 port=2222)
+    tasks = _run(
+        "create_ps_cluster", cluster=ps_cluster, run_id="r", num_workers=2, num_ps=1, cluster_mode="local", port=2222
+    )
     assert tasks == ["worker:0", "worker:1", "ps:0"]
     spec = json.loads((tmp_path / "ps" / "cluster.json").read_text())["cluster"]
     assert {job: len(a) for job, a in spec.items()} == {"chief": 1, "worker": 2, "ps": 1}
@@ -53,38 +58,79 @@ def test_train_evaluate_and_publish_bodies(small_data, tmp_path):
     cluster = Artifact(uri=str(tmp_path / "cluster"))
     _run("create_cluster", cluster=cluster, run_id="run-7", num_workers=1, cluster_mode="local", port=2222)
     model = Model(uri=str(tmp_path / "model"))
-    _run("train_worker", dataset=small_data, cluster=cluster, worker_index=0, model=model, run_id="run-7", epochs=2,
-         batch_size=64, learning_rate=0.002, startup_timeout=60.0, unschedulable_timeout=60.0, collective_timeout=0.0,
-         max_restarts=0, checkpoint_dir="", cluster_mode="local")
-    assert model.metadata == {"task": "worker:0", "chief": True, "strategy": "multi_worker_mirrored", "framework": "tensorflow"}
+    _run(
+        "train_worker",
+        dataset=small_data,
+        cluster=cluster,
+        worker_index=0,
+        model=model,
+        run_id="run-7",
+        epochs=2,
+        batch_size=64,
+        learning_rate=0.002,
+        startup_timeout=60.0,
+        unschedulable_timeout=60.0,
+        collective_timeout=0.0,
+        max_restarts=0,
+        checkpoint_dir="",
+        cluster_mode="local",
+    )
+    assert model.metadata == {
+        "task": "worker:0",
+        "chief": True,
+        "strategy": "multi_worker_mirrored",
+        "framework": "tensorflow",
+    }
     history = json.loads((tmp_path / "model" / "history.json").read_text())
     assert history["run_id"] == "run-7" and history["parameters"]["epochs"] == 2
 
-    outputs = {"metrics": Metrics(uri=str(tmp_path / "metrics")), "report": HTML(uri=str(tmp_path / "report")),
-               "classification_metrics": ClassificationMetrics(uri=str(tmp_path / "cm")),
-               "chief_model": Model(uri=str(tmp_path / "chief"))}
+    outputs = {
+        "metrics": Metrics(uri=str(tmp_path / "metrics")),
+        "report": HTML(uri=str(tmp_path / "report")),
+        "classification_metrics": ClassificationMetrics(uri=str(tmp_path / "cm")),
+        "chief_model": Model(uri=str(tmp_path / "chief")),
+    }
     accuracy = _run("evaluate", dataset=small_data, models=[model], min_accuracy=0.5, **outputs)
-    assert outputs["metrics"].metadata["accuracy"] == accuracy >= 0.5 and outputs["metrics"].metadata["passed_gate"] == 1
+    assert (
+        outputs["metrics"].metadata["accuracy"] == accuracy >= 0.5 and outputs["metrics"].metadata["passed_gate"] == 1
+    )
     assert len(outputs["classification_metrics"].metadata["confusionMatrix"]["rows"]) == 10
     assert outputs["chief_model"].metadata["source_uri"] == model.uri
 
     decision = Markdown(uri=str(tmp_path / "decision"))
-    _run("publish_model", model=outputs["chief_model"], metrics=outputs["metrics"], decision=decision,
-         publish_uri=str(tmp_path / "published"))
+    _run(
+        "publish_model",
+        model=outputs["chief_model"],
+        metrics=outputs["metrics"],
+        decision=decision,
+        publish_uri=str(tmp_path / "published"),
+    )
     latest = json.loads((tmp_path / "published" / "latest.json").read_text())
     assert decision.metadata == {"published": True, "version": latest["version"]}
-    assert latest["lineage"] == {"run_id": "run-7", "dataset": "sample", "model_uri": model.uri,
-                                 "parameters": history["parameters"]}
+    assert latest["lineage"] == {
+        "run_id": "run-7",
+        "dataset": "sample",
+        "model_uri": model.uri,
+        "parameters": history["parameters"],
+    }
 
 
 @pytest.mark.slow
 def test_parameter_server_bodies_train_together(small_data, tmp_path):
     cluster = Artifact(uri=str(tmp_path / "cluster"))
-    tasks = _run("create_ps_cluster", cluster=cluster, run_id="run-8", num_workers=1, num_ps=1, cluster_mode="local",
-                 port=2222)
+    tasks = _run(
+        "create_ps_cluster", cluster=cluster, run_id="run-8", num_workers=1, num_ps=1, cluster_mode="local", port=2222
+    )
     status = str(tmp_path / "status.json")
-    common = {"dataset": small_data, "cluster": cluster, "run_id": "run-8", "status_uri": status, "startup_timeout": 120.0,
-              "unschedulable_timeout": 60.0, "cluster_mode": "local"}
+    common = {
+        "dataset": small_data,
+        "cluster": cluster,
+        "run_id": "run-8",
+        "status_uri": status,
+        "startup_timeout": 120.0,
+        "unschedulable_timeout": 60.0,
+        "cluster_mode": "local",
+    }
     failures = []
 
     def server(task):
@@ -111,8 +157,19 @@ def test_the_parameter_server_chief_refuses_a_missing_status_location_on_kuberne
     cluster = Artifact(uri=str(tmp_path / "cluster"))
     _run("create_ps_cluster", cluster=cluster, run_id="r", num_workers=1, num_ps=1, cluster_mode="local", port=2222)
     with pytest.raises(SystemExit) as exit_info:
-        _run("train_chief", dataset=small_data, cluster=cluster, model=Model(uri=str(tmp_path / "m")), run_id="r",
-             status_uri="", epochs=1, batch_size=64, learning_rate=0.002, startup_timeout=10.0,
-             unschedulable_timeout=10.0, cluster_mode="kubernetes")
+        _run(
+            "train_chief",
+            dataset=small_data,
+            cluster=cluster,
+            model=Model(uri=str(tmp_path / "m")),
+            run_id="r",
+            status_uri="",
+            epochs=1,
+            batch_size=64,
+            learning_rate=0.002,
+            startup_timeout=10.0,
+            unschedulable_timeout=10.0,
+            cluster_mode="kubernetes",
+        )
     assert exit_info.value.code == 2
     assert "status_uri is empty" in capsys.readouterr().err

@@ -35,15 +35,25 @@ def test_overrides_name_settings_say_why_and_pass_the_check():
         assert config.check(name, override.value) == override.value
 
 
-@pytest.mark.parametrize(("name", "value", "allowed"), [
-    ("epochs", 0, "an integer from 1 to 100000"), ("epochs", 2.5, "an integer from 1 to 100000"),
-    ("epochs", True, "an integer from 1 to 100000"), ("learning_rate", math.nan, "a number from 1e-09 to 10"),
-    ("learning_rate", math.inf, "a number from 1e-09 to 10"), ("startup_timeout", -math.inf, "a number from 1 to 86400"),
-    ("min_accuracy", 1.5, "a number from 0 to 1"), ("cluster_mode", "docker", "kubernetes, local"),
-    ("source", "ftp://x", "'sample', 'idx:DIR_OR_URI'"), ("port", 65535, "an integer from 1 to 65534"),
-])
+@pytest.mark.parametrize(
+    ("name", "value", "allowed"),
+    [
+        ("epochs", 0, "an integer from 1 to 100000"),
+        ("epochs", 2.5, "an integer from 1 to 100000"),
+        ("epochs", True, "an integer from 1 to 100000"),
+        ("learning_rate", math.nan, "a number from 1e-09 to 10"),
+        ("learning_rate", math.inf, "a number from 1e-09 to 10"),
+        ("startup_timeout", -math.inf, "a number from 1 to 86400"),
+        ("min_accuracy", 1.5, "a number from 0 to 1"),
+        ("cluster_mode", "docker", "kubernetes, local"),
+        ("source", "ftp://x", "'sample', 'idx:DIR_OR_URI'"),
+        ("port", 65535, "an integer from 1 to 65534"),
+    ],
+)
 def test_a_bad_value_is_named_with_what_is_allowed(name, value, allowed):
-    with pytest.raises(UsageError, match=rf"^{name} {value!r} is not allowed; allowed: ".replace("(", r"\(").replace(")", r"\)")) as err:
+    with pytest.raises(
+        UsageError, match=rf"^{name} {value!r} is not allowed; allowed: ".replace("(", r"\(").replace(")", r"\)")
+    ) as err:
         config.check(name, value)
     assert allowed in str(err.value)
 
@@ -79,8 +89,10 @@ def test_every_default_and_description_in_the_yaml_comes_from_the_contract(compi
 def test_the_cli_help_shows_the_contracts_defaults():
     from trainer import prepare, train
 
-    for parser, names in ((train.build_parser(), [n for g in train.SETTINGS.values() for n in g]),
-                          (prepare.build_parser(), prepare.SETTINGS)):
+    for parser, names in (
+        (train.build_parser(), [n for g in train.SETTINGS.values() for n in g]),
+        (prepare.build_parser(), prepare.SETTINGS),
+    ):
         text = " ".join(parser.format_help().split())
         for name in names:
             f = config.field(name)
@@ -99,15 +111,18 @@ def test_a_default_changed_once_shows_up_in_the_cli_the_components_and_the_yaml(
     assert declaration in source
     (tmp_path / "trainer" / "config.py").write_text(source.replace(declaration, declaration.replace("(12,", "(7,")))
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
-    script = ("import components, yaml, sys; from pipelines.cli import compile_pipeline; "
-              f"compile_pipeline('{tmp_path}/p.yaml', '{IMAGE}'); "
-              "print(components.build('x').train_worker.component_spec.inputs['epochs'].default)")
+    script = (
+        "import components, yaml, sys; from pipelines.cli import compile_pipeline; "
+        f"compile_pipeline('{tmp_path}/p.yaml', '{IMAGE}'); "
+        "print(components.build('x').train_worker.component_spec.inputs['epochs'].default)"
+    )
     result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["7"]
     spec = next(yaml.safe_load_all((tmp_path / "p.yaml").read_text()))
     assert spec["root"]["inputDefinitions"]["parameters"]["epochs"]["defaultValue"] == 7
     assert spec["components"]["comp-train-worker"]["inputDefinitions"]["parameters"]["epochs"]["defaultValue"] == 7
-    help_text = subprocess.run([sys.executable, "-m", "trainer.train", "--help"], cwd=tmp_path, env=env,
-                               capture_output=True, text=True).stdout
+    help_text = subprocess.run(
+        [sys.executable, "-m", "trainer.train", "--help"], cwd=tmp_path, env=env, capture_output=True, text=True
+    ).stdout
     assert "passes over the training data (default: 7)" in " ".join(help_text.split())

@@ -25,8 +25,11 @@ def few_digits(tmp_path_factory):
 
 
 def _config(data_dir, model_dir, **optim):
-    return TrainConfig(RuntimeConfig(data_dir=data_dir, model_dir=str(model_dir), run_id="in-process"),
-                       data=DataConfig(shuffle_buffer=96), optim=OptimConfig(**{"batch_size": 16, **optim}))
+    return TrainConfig(
+        RuntimeConfig(data_dir=data_dir, model_dir=str(model_dir), run_id="in-process"),
+        data=DataConfig(shuffle_buffer=96),
+        optim=OptimConfig(**{"batch_size": 16, **optim}),
+    )
 
 
 def test_one_device_training_writes_the_model_and_the_loss_falls(few_digits, tmp_path):

@@ -58,8 +58,19 @@ def test_upload_of_an_existing_name_adds_a_version(kfp_server, cli):
 
 
 def test_run_carries_version_experiment_and_typed_parameters(kfp_server, cli):
-    code, out, err = cli("--run", "--experiment", "nightly", "--param", "num_workers=4", "--param", "learning_rate=0.002",
-                         "--param", "source=tfds:fashion_mnist", "--run-name", "try-1")
+    code, out, err = cli(
+        "--run",
+        "--experiment",
+        "nightly",
+        "--param",
+        "num_workers=4",
+        "--param",
+        "learning_rate=0.002",
+        "--param",
+        "source=tfds:fashion_mnist",
+        "--run-name",
+        "try-1",
+    )
     assert code == 0, err
     (experiment,) = kfp_server.experiments.values()
     assert experiment["display_name"] == "nightly"
@@ -68,8 +79,15 @@ def test_run_carries_version_experiment_and_typed_parameters(kfp_server, cli):
     (version,) = kfp_server.versions[pipeline["pipeline_id"]]
     assert run["display_name"] == "try-1"
     assert run["experiment_id"] == experiment["experiment_id"]
-    assert run["pipeline_version_reference"] == {"pipeline_id": pipeline["pipeline_id"], "pipeline_version_id": version["pipeline_version_id"]}
-    assert run["runtime_config"]["parameters"] == {"num_workers": 4, "learning_rate": 0.002, "source": "tfds:fashion_mnist"}
+    assert run["pipeline_version_reference"] == {
+        "pipeline_id": pipeline["pipeline_id"],
+        "pipeline_version_id": version["pipeline_version_id"],
+    }
+    assert run["runtime_config"]["parameters"] == {
+        "num_workers": 4,
+        "learning_rate": 0.002,
+        "source": "tfds:fashion_mnist",
+    }
     assert f"/#/runs/details/{run['run_id']}" in out
 
 
@@ -80,8 +98,21 @@ def test_existing_experiment_is_reused(kfp_server, cli):
 
 
 def test_schedule_sends_cron_concurrency_catchup_and_window(kfp_server, cli):
-    code, out, err = cli("--schedule", "0 0 2 * * *", "--max-concurrency", "2", "--no-catchup", "--start", "2027-01-01T00:00:00Z",
-                         "--end", "2027-12-31T00:00:00Z", "--param", "epochs=20", "--run-name", "nightly-mnist")
+    code, out, err = cli(
+        "--schedule",
+        "0 0 2 * * *",
+        "--max-concurrency",
+        "2",
+        "--no-catchup",
+        "--start",
+        "2027-01-01T00:00:00Z",
+        "--end",
+        "2027-12-31T00:00:00Z",
+        "--param",
+        "epochs=20",
+        "--run-name",
+        "nightly-mnist",
+    )
     assert code == 0, err
     (recurring,) = kfp_server.recurring_runs
     assert recurring["trigger"]["cron_schedule"]["cron"] == "0 0 2 * * *"
@@ -102,16 +133,25 @@ def test_every_sends_an_interval(kfp_server, cli):
     assert recurring["trigger"]["periodic_schedule"]["interval_second"] in ("129600", 129600)
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--schedule", "0 2 * * *"], "cron '0 2 * * *' has 5 fields; KFP cron has 6 with seconds first: '0 0 2 * * *'"),
-    (["--schedule", "0 0 25 * * *"], "hour '25' is not allowed; allowed: 0-23"),
-    (["--every", "soon"], "duration 'soon' is not allowed"),
-    (["--run", "--param", "num_wrokers=2"], "--param 'num_wrokers' is not a parameter of this pipeline; allowed: batch_size"),
-    (["--run", "--param", "num_workers=two"], "--param num_workers='two' is not a valid integer"),
-    (["--schedule", "@daily", "--start", "tomorrow"], "--start 'tomorrow' is not an RFC 3339 time"),
-    (["--every", "1h", "--max-concurrency", "0"], "--max-concurrency 0 is not allowed"),
-    (["--run", "--max-concurrency", "2"], "unrecognized arguments: --max-concurrency 2"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--schedule", "0 2 * * *"],
+            "cron '0 2 * * *' has 5 fields; KFP cron has 6 with seconds first: '0 0 2 * * *'",
+        ),
+        (["--schedule", "0 0 25 * * *"], "hour '25' is not allowed; allowed: 0-23"),
+        (["--every", "soon"], "duration 'soon' is not allowed"),
+        (
+            ["--run", "--param", "num_wrokers=2"],
+            "--param 'num_wrokers' is not a parameter of this pipeline; allowed: batch_size",
+        ),
+        (["--run", "--param", "num_workers=two"], "--param num_workers='two' is not a valid integer"),
+        (["--schedule", "@daily", "--start", "tomorrow"], "--start 'tomorrow' is not an RFC 3339 time"),
+        (["--every", "1h", "--max-concurrency", "0"], "--max-concurrency 0 is not allowed"),
+        (["--run", "--max-concurrency", "2"], "unrecognized arguments: --max-concurrency 2"),
+    ],
+)
 def test_bad_input_is_refused_before_any_request(kfp_server, cli, args, message):
     code, out, err = cli(*args)
     assert code == 2
@@ -125,7 +165,11 @@ def test_server_error_is_one_line_and_nonzero(kfp_server, cli):
     assert code == 1
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err
-    assert lines[0].startswith("error: KFP server http://") and "answered HTTP 500" in lines[0] and "database is locked" in lines[0]
+    assert (
+        lines[0].startswith("error: KFP server http://")
+        and "answered HTTP 500" in lines[0]
+        and "database is locked" in lines[0]
+    )
 
 
 def test_token_and_namespace_reach_the_server(kfp_server, cli, httpserver, monkeypatch, tmp_path):
@@ -139,8 +183,18 @@ def test_token_and_namespace_reach_the_server(kfp_server, cli, httpserver, monke
     assert ("GET", "/apis/v2beta1/healthz") not in kfp_server.requests
 
 
-@pytest.mark.parametrize(("cron", "ok"), [("0 0 2 * * *", True), ("0 */15 * * * ?", True), ("0 30 9 ? * MON-FRI", True),
-                                          ("@daily", True), ("0 0 0 1 JAN *", True), ("60 0 0 * * *", False), ("* * * *", False)])
+@pytest.mark.parametrize(
+    ("cron", "ok"),
+    [
+        ("0 0 2 * * *", True),
+        ("0 */15 * * * ?", True),
+        ("0 30 9 ? * MON-FRI", True),
+        ("@daily", True),
+        ("0 0 0 1 JAN *", True),
+        ("60 0 0 * * *", False),
+        ("* * * *", False),
+    ],
+)
 def test_cron_checker(cron, ok):
     if ok:
         assert deploy.check_cron(cron) == cron

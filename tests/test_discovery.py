@@ -1,5 +1,6 @@
 """Joining a run on Kubernetes: the real `kubernetes` client against the API stand-in, names resolved by asking the
-stand-in's DNS server over UDP on loopback (the way a pod's resolver would ask cluster DNS)."""
+stand-in's DNS server over UDP on loopback (the way a pod's resolver would ask cluster DNS).
+"""
 
 import time
 from datetime import datetime, timedelta, timezone
@@ -17,7 +18,9 @@ RUN_ID = "7c1e5a3e-8c1d-4c53-9b8e-2f1e4d5c6a7b"
 NS = "team-a"
 SPEC = {"worker": k8s.task_addresses(RUN_ID, 2, NS, 2222)}
 WORKFLOW = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": "mnist-multiworker-q9z"}}
-UNSCHEDULABLE = "0/3 nodes are available: 3 Insufficient cpu. preemption: 0/3 nodes are available: 3 No preemption victims found."
+UNSCHEDULABLE = (
+    "0/3 nodes are available: 3 Insufficient cpu. preemption: 0/3 nodes are available: 3 No preemption victims found."
+)
 
 
 @pytest.fixture
@@ -30,8 +33,10 @@ def cluster(httpserver, monkeypatch):
     monkeypatch.setenv("POD_NAME", "mnist-multiworker-q9z-system-container-impl-1001")
     monkeypatch.setenv("POD_IP", "127.0.0.1")
     with DnsServer(standin.dns_records, "127.0.0.1", 0) as dns:
+
         def resolve(host):
             return {str(r.rdata) for r in query(f"{host}.cluster.local", "127.0.0.1", dns.port).rr}
+
         yield standin, k8s.core_api(host=httpserver.url_for("").rstrip("/")), resolve
 
 
@@ -44,15 +49,22 @@ def _peer_joined(standin, index, ip="198.18.3.7"):
 def test_join_creates_the_service_labels_the_pod_and_waits_for_its_own_name_too(cluster):
     standin, api, resolve = cluster
     _peer_joined(standin, 1)
-    position = discovery.join_cluster(SPEC, "worker", 0, RUN_ID, timeout=10, unschedulable_timeout=60, api=api,
-                                      resolve=resolve)
+    position = discovery.join_cluster(
+        SPEC, "worker", 0, RUN_ID, timeout=10, unschedulable_timeout=60, api=api, resolve=resolve
+    )
     assert position == 0
     own = standin.get("services", NS, k8s.service_name(RUN_ID, 0))
-    assert own["metadata"]["ownerReferences"][0]["uid"] == standin.get("workflows.argoproj.io", NS, WORKFLOW["metadata"]["name"])["metadata"]["uid"]
+    assert (
+        own["metadata"]["ownerReferences"][0]["uid"]
+        == standin.get("workflows.argoproj.io", NS, WORKFLOW["metadata"]["name"])["metadata"]["uid"]
+    )
     pod = "mnist-multiworker-q9z-system-container-impl-1001"
-    assert standin.calls[:4] == [Call("get", "pods", NS, pod),
-                                 Call("get", "workflows.argoproj.io", NS, WORKFLOW["metadata"]["name"]),
-                                 Call("create", "services", NS, None), Call("patch", "pods", NS, pod)]
+    assert standin.calls[:4] == [
+        Call("get", "pods", NS, pod),
+        Call("get", "workflows.argoproj.io", NS, WORKFLOW["metadata"]["name"]),
+        Call("create", "services", NS, None),
+        Call("patch", "pods", NS, pod),
+    ]
     assert resolve(SPEC["worker"][0].split(":")[0]) == {"127.0.0.1"}, "its own name leads to its own pod IP"
     discovery.leave_cluster(RUN_ID, position, api=api)
     assert standin.get("services", NS, k8s.service_name(RUN_ID, 0)) is None
@@ -63,15 +75,23 @@ def test_own_name_pointing_elsewhere_is_not_enough(cluster, monkeypatch):
     standin, api, resolve = cluster
     _peer_joined(standin, 1)
     monkeypatch.setenv("POD_IP", "198.18.3.99")
-    with pytest.raises(StartupTimeoutError, match=r"worker 0 \(this pod\) at tfw-\S+: the name does not resolve to "
-                                                  r"this pod's IP 198\.18\.3\.99 yet"):
+    with pytest.raises(
+        StartupTimeoutError,
+        match=r"worker 0 \(this pod\) at tfw-\S+: the name does not resolve to "
+        r"this pod's IP 198\.18\.3\.99 yet",
+    ):
         discovery.join_cluster(SPEC, "worker", 0, RUN_ID, timeout=1, unschedulable_timeout=60, api=api, resolve=resolve)
 
 
 def test_a_missing_peer_is_named_with_what_its_pod_is_doing(cluster):
     standin, api, resolve = cluster
-    standin.add_pod(NS, "mnist-multiworker-q9z-system-container-impl-2002", labels={k8s.KFP_RUN_LABEL: RUN_ID},
-                    phase="Pending", conditions=[{"type": "PodScheduled", "status": "True"}])
+    standin.add_pod(
+        NS,
+        "mnist-multiworker-q9z-system-container-impl-2002",
+        labels={k8s.KFP_RUN_LABEL: RUN_ID},
+        phase="Pending",
+        conditions=[{"type": "PodScheduled", "status": "True"}],
+    )
     started = time.monotonic()
     with pytest.raises(StartupTimeoutError) as err:
         discovery.join_cluster(SPEC, "worker", 0, RUN_ID, timeout=3, unschedulable_timeout=60, api=api, resolve=resolve)
@@ -84,12 +104,26 @@ def test_a_missing_peer_is_named_with_what_its_pod_is_doing(cluster):
 def test_an_unschedulable_peer_fails_the_join_early_with_the_schedulers_reason(cluster):
     standin, api, resolve = cluster
     since = (datetime.now(timezone.utc) - timedelta(seconds=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    standin.add_pod(NS, "mnist-multiworker-q9z-system-container-impl-3003", labels={k8s.KFP_RUN_LABEL: RUN_ID},
-                    phase="Pending", conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                                  "message": UNSCHEDULABLE, "lastTransitionTime": since}])
+    standin.add_pod(
+        NS,
+        "mnist-multiworker-q9z-system-container-impl-3003",
+        labels={k8s.KFP_RUN_LABEL: RUN_ID},
+        phase="Pending",
+        conditions=[
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": UNSCHEDULABLE,
+                "lastTransitionTime": since,
+            }
+        ],
+    )
     started = time.monotonic()
     with pytest.raises(StartupTimeoutError) as err:
-        discovery.join_cluster(SPEC, "worker", 0, RUN_ID, timeout=600, unschedulable_timeout=4, api=api, resolve=resolve)
+        discovery.join_cluster(
+            SPEC, "worker", 0, RUN_ID, timeout=600, unschedulable_timeout=4, api=api, resolve=resolve
+        )
     waited = time.monotonic() - started
     assert 2 <= waited < 12, f"failed after {waited:.1f}s: at the unschedulable timeout, not the 600 s start-up timeout"
     message = str(err.value)
@@ -100,16 +134,28 @@ def test_an_unschedulable_peer_fails_the_join_early_with_the_schedulers_reason(c
 
 def test_a_peer_that_joined_but_does_not_resolve_is_named_with_its_pod(cluster):
     standin, api, resolve = cluster
-    standin.add_pod(NS, "peer-1", labels=k8s.pod_labels(RUN_ID, 1), phase="Pending",
-                    conditions=[{"type": "PodScheduled", "status": "True"}])
-    with pytest.raises(StartupTimeoutError, match=rf"worker 1 at {SPEC['worker'][1]}: pod peer-1 Pending, the name does "
-                                                  "not resolve yet"):
+    standin.add_pod(
+        NS,
+        "peer-1",
+        labels=k8s.pod_labels(RUN_ID, 1),
+        phase="Pending",
+        conditions=[{"type": "PodScheduled", "status": "True"}],
+    )
+    with pytest.raises(
+        StartupTimeoutError,
+        match=rf"worker 1 at {SPEC['worker'][1]}: pod peer-1 Pending, the name does "
+        "not resolve yet",
+    ):
         discovery.join_cluster(SPEC, "worker", 0, RUN_ID, timeout=1, unschedulable_timeout=60, api=api, resolve=resolve)
 
 
 def test_without_permission_to_list_pods_the_join_still_names_the_missing_peer(httpserver, monkeypatch, caplog):
-    role = {"rules": [{"apiGroups": [""], "resources": ["services"], "verbs": ["create", "delete"]},
-                      {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]}
+    role = {
+        "rules": [
+            {"apiGroups": [""], "resources": ["services"], "verbs": ["create", "delete"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]},
+        ]
+    }
     standin = KubeStandIn(role=role)
     standin.install(httpserver)
     monkeypatch.setenv("POD_NAMESPACE", NS)
@@ -117,8 +163,9 @@ def test_without_permission_to_list_pods_the_join_still_names_the_missing_peer(h
     monkeypatch.setenv("POD_IP", "127.0.0.1")
     api = k8s.core_api(host=httpserver.url_for("").rstrip("/"))
     with pytest.raises(StartupTimeoutError, match="no pod has joined yet"):
-        discovery.join_cluster(SPEC, "worker", 0, RUN_ID, timeout=1, unschedulable_timeout=60, api=api,
-                               resolve=lambda host: set())
+        discovery.join_cluster(
+            SPEC, "worker", 0, RUN_ID, timeout=1, unschedulable_timeout=60, api=api, resolve=lambda host: set()
+        )
     assert "cannot list pods to say why a peer is missing: HTTP 403" in caplog.text
     assert "its Service will not be owned by the run" in caplog.text
 
@@ -135,13 +182,20 @@ def test_the_rbac_roles_grant_exactly_what_a_training_step_calls(httpserver, mon
     monkeypatch.setenv("POD_IP", "127.0.0.1")
     api = k8s.core_api(host=httpserver.url_for("").rstrip("/"))
     with pytest.raises(StartupTimeoutError):
-        discovery.join_cluster(SPEC, "worker", 0, RUN_ID, timeout=0.1, unschedulable_timeout=60, api=api,
-                               resolve=lambda host: set())
-    position = discovery.join_cluster(SPEC, "worker", 0, RUN_ID, timeout=5, unschedulable_timeout=60, api=api,
-                                      resolve=lambda host: {"127.0.0.1"})
+        discovery.join_cluster(
+            SPEC, "worker", 0, RUN_ID, timeout=0.1, unschedulable_timeout=60, api=api, resolve=lambda host: set()
+        )
+    position = discovery.join_cluster(
+        SPEC, "worker", 0, RUN_ID, timeout=5, unschedulable_timeout=60, api=api, resolve=lambda host: {"127.0.0.1"}
+    )
     discovery.leave_cluster(RUN_ID, position, api=api)
     assert standin.items("services") == {}
     used = {(call.resource, call.verb) for call in standin.calls}
-    granted = {(r if not g else f"{r}.{g}", v) for rule in role["rules"] for g in rule["apiGroups"]
-               for r in rule["resources"] for v in rule["verbs"]}
+    granted = {
+        (r if not g else f"{r}.{g}", v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
     assert used == granted, path.name

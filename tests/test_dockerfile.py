@@ -26,12 +26,16 @@ def _pip_installs():
 
 
 def _pins(lines):
-    return sorted(line.strip().lower().replace("_", "-") for line in lines if line.strip() and not line.strip().startswith("#"))
+    return sorted(
+        line.strip().lower().replace("_", "-") for line in lines if line.strip() and not line.strip().startswith("#")
+    )
 
 
 def test_hadolint_reports_nothing_at_warning_or_above():
     hadolint = Path(sys.executable).parent / "hadolint"
-    result = subprocess.run([str(hadolint), "--failure-threshold", "style", "-"], input=DOCKERFILE, capture_output=True, text=True)
+    result = subprocess.run(
+        [str(hadolint), "--failure-threshold", "style", "-"], input=DOCKERFILE, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip() == ""
 
@@ -39,7 +43,9 @@ def test_hadolint_reports_nothing_at_warning_or_above():
 def test_image_installs_exactly_the_pins_of_setup_cfg():
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "setup.cfg")
-    expected = _pins(cfg["options"]["install_requires"].splitlines() + cfg["options.extras_require"]["pipeline"].splitlines())
+    expected = _pins(
+        cfg["options"]["install_requires"].splitlines() + cfg["options.extras_require"]["pipeline"].splitlines()
+    )
     install = next(i for i in _pip_installs() if " -r " in i)
     requirements = _command(install).split(" -r ")[1].split()[0]
     assert _pins((ROOT / requirements).read_text().splitlines()) == expected
@@ -72,7 +78,16 @@ def test_pip_gets_the_build_hosts_config_and_ca_only_as_build_secrets():
     assert len(installs) == 2
     for install in installs:
         mounts = re.findall(r"--mount=(\S+)", install)
-        assert sorted(mounts) == ["type=secret,id=cacert,target=/etc/ssl/certs/build-ca.crt", "type=secret,id=pipconf,target=/etc/pip.conf"]
-    assert not re.search(r"^#\s*syntax\s*=", DOCKERFILE, re.MULTILINE | re.IGNORECASE), "a syntax line pulls the frontend from Docker Hub"
-    leaky = [i for i in _instructions() if re.search(r"pip\.conf|pip\.ini|\.crt|\.pem|PIP_CERT|PIP_INDEX|PIP_CONFIG_FILE", _command(i))]
+        assert sorted(mounts) == [
+            "type=secret,id=cacert,target=/etc/ssl/certs/build-ca.crt",
+            "type=secret,id=pipconf,target=/etc/pip.conf",
+        ]
+    assert not re.search(r"^#\s*syntax\s*=", DOCKERFILE, re.MULTILINE | re.IGNORECASE), (
+        "a syntax line pulls the frontend from Docker Hub"
+    )
+    leaky = [
+        i
+        for i in _instructions()
+        if re.search(r"pip\.conf|pip\.ini|\.crt|\.pem|PIP_CERT|PIP_INDEX|PIP_CONFIG_FILE", _command(i))
+    ]
     assert leaky == []

@@ -60,7 +60,9 @@ def _no_container_left(client, image, wait=20):
 
 def _lifecycle(calls):
     """Per pod: the order of its Service's create and delete and its own patch."""
-    return [c for c in calls if (c.verb, c.resource) in {("create", "services"), ("patch", "pods"), ("delete", "services")}]
+    return [
+        c for c in calls if (c.verb, c.resource) in {("create", "services"), ("patch", "pods"), ("delete", "services")}
+    ]
 
 
 def test_the_pipeline_trains_in_containers_finding_each_other_by_service_name(cluster, capfd):
@@ -87,7 +89,11 @@ def test_the_pipeline_trains_in_containers_finding_each_other_by_service_name(cl
     creates = [i for i, c in enumerate(lifecycle) if c.verb == "create"]
     patches = [i for i, c in enumerate(lifecycle) if c.verb == "patch"]
     deletes = [i for i, c in enumerate(lifecycle) if c.verb == "delete"]
-    assert len(creates) == len(patches) == len(deletes) == 2 and max(creates) < max(patches) and max(patches) < min(deletes)
+    assert (
+        len(creates) == len(patches) == len(deletes) == 2
+        and max(creates) < max(patches)
+        and max(patches) < min(deletes)
+    )
     assert {c.name for c in lifecycle if c.verb == "delete"} == set(names)
     assert stand_in.api.items("services") == {}, "no Service of the run is left"
     assert _no_container_left(client, image), "no container of the run is left"
@@ -95,7 +101,9 @@ def test_the_pipeline_trains_in_containers_finding_each_other_by_service_name(cl
     model = Path(outputs["model"].path)
     assert (model / "saved_model" / "saved_model.pb").is_file() and Path(outputs["report"].path).is_file()
     latest = json.loads((root / "published" / "latest.json").read_text())
-    assert latest["metrics"]["accuracy"] == outputs["accuracy"] and (root / "published" / str(latest["version"])).is_dir()
+    assert (
+        latest["metrics"]["accuracy"] == outputs["accuracy"] and (root / "published" / str(latest["version"])).is_dir()
+    )
     print(f"e2e run: {seconds:.0f}s, accuracy {outputs['accuracy']:.4f}")
 
 
@@ -124,8 +132,11 @@ def test_a_worker_container_killed_mid_training_fails_the_run_fast_naming_the_lo
     assert "at" in killed, logs[-3000:]
     assert ended - killed["at"] < 60, f"the run ended {ended - killed['at']:.0f}s after the kill"
     assert result.outputs == {} or not result.outputs, "the run failed"
-    assert re.search(r"error: lost contact with a peer during training \(worker 1 at tfw-r[0-9a-f]{10}-1\."
-                     r"kubeflow-user-e2e\.svc:2222 \(", logs), logs[-4000:]
+    assert re.search(
+        r"error: lost contact with a peer during training \(worker 1 at tfw-r[0-9a-f]{10}-1\."
+        r"kubeflow-user-e2e\.svc:2222 \(",
+        logs,
+    ), logs[-4000:]
     left = stand_in.api.items("services")
     assert len(left) <= 1, "the surviving worker deleted its own Service"
     owner = [ref["name"] for svc in left.values() for ref in svc["metadata"]["ownerReferences"]]
@@ -133,6 +144,8 @@ def test_a_worker_container_killed_mid_training_fails_the_run_fast_naming_the_lo
     from kubernetes import client as k8s_client
 
     api = k8s_client.CustomObjectsApi(k8s_client.ApiClient(stand_in.files.configuration(stand_in.https.port)))
-    api.delete_namespaced_custom_object("argoproj.io", "v1alpha1", e2e_cluster.NAMESPACE, "workflows", e2e_cluster.WORKFLOW)
+    api.delete_namespaced_custom_object(
+        "argoproj.io", "v1alpha1", e2e_cluster.NAMESPACE, "workflows", e2e_cluster.WORKFLOW
+    )
     assert stand_in.api.items("services") == {}, "deleting the run removes the rest"
     assert _no_container_left(client, image), "no container of the run is left"

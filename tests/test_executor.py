@@ -1,6 +1,7 @@
 """The components that receive loop items and collected artifacts, run through KFP's own executor exactly as the
 compiled YAML tells a pod to (its `sh -ec ... python3 -m kfp.dsl.executor_main` command), with executor inputs whose
-values are typed the way the YAML types them, as the backend's driver would hand them over."""
+values are typed the way the YAML types them, as the backend's driver would hand them over.
+"""
 
 import json
 import os
@@ -15,7 +16,14 @@ from pipelines.cli import compile_pipeline
 from tests.conftest import ROOT
 
 IMAGE = "registry.example.com/team/kfp-tf-multiworker:9.9.9"
-JSON_TYPES = {"NUMBER_INTEGER": int, "NUMBER_DOUBLE": float, "STRING": str, "BOOLEAN": bool, "LIST": list, "STRUCT": dict}
+JSON_TYPES = {
+    "NUMBER_INTEGER": int,
+    "NUMBER_DOUBLE": float,
+    "STRING": str,
+    "BOOLEAN": bool,
+    "LIST": list,
+    "STRUCT": dict,
+}
 
 
 @pytest.fixture(scope="module")
@@ -40,24 +48,35 @@ def run_executor(spec, component, parameters, inputs, outputs, workdir):
         "inputs": {"parameterValues": parameters, "artifacts": {k: {"artifacts": v} for k, v in inputs.items()}},
         "outputs": {
             "artifacts": {k: {"artifacts": [v]} for k, v in outputs.items()},
-            "parameters": {k: {"outputFile": str(Path(workdir) / k)}
-                           for k in definitions.get("outputDefinitions", {}).get("parameters", {})},
+            "parameters": {
+                k: {"outputFile": str(Path(workdir) / k)}
+                for k in definitions.get("outputDefinitions", {}).get("parameters", {})
+            },
             "outputFile": str(output_file),
         },
     }
     container = spec["deploymentSpec"]["executors"][f"exec-{component.replace('_', '-')}"]["container"]
     argv = [a.replace("{{$}}", json.dumps(executor_input)) for a in container["command"] + container["args"]]
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", PYTHONPATH=str(ROOT),
-               TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(
+        os.environ,
+        PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        PYTHONPATH=str(ROOT),
+        TF_CPP_MIN_LOG_LEVEL="2",
+    )
     env.pop("TF_CONFIG", None)
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, cwd=workdir)
     return result, json.loads(output_file.read_text()) if output_file.exists() else None
 
 
 def test_create_cluster_returns_integer_worker_indices(spec, tmp_path):
-    result, out = run_executor(spec, "create_cluster",
-                               {"run_id": "run-1", "num_workers": 2, "cluster_mode": "local", "port": 2222}, {},
-                               {"cluster": _artifact(tmp_path / "cluster", "system.Artifact", "cluster")}, tmp_path)
+    result, out = run_executor(
+        spec,
+        "create_cluster",
+        {"run_id": "run-1", "num_workers": 2, "cluster_mode": "local", "port": 2222},
+        {},
+        {"cluster": _artifact(tmp_path / "cluster", "system.Artifact", "cluster")},
+        tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert out["parameterValues"]["Output"] == [0, 1]
     assert all(type(i) is int for i in out["parameterValues"]["Output"]), "numbers, as the NUMBER_INTEGER loop item"
@@ -66,17 +85,35 @@ def test_create_cluster_returns_integer_worker_indices(spec, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_worker_takes_its_index_as_the_driver_delivers_it_and_evaluate_takes_the_collected_models(spec, sample_data,
-                                                                                                      tmp_path):
-    result, _ = run_executor(spec, "create_cluster",
-                             {"run_id": "run-1", "num_workers": 1, "cluster_mode": "local", "port": 2222}, {},
-                             {"cluster": _artifact(tmp_path / "cluster", "system.Artifact", "cluster")}, tmp_path)
+def test_a_worker_takes_its_index_as_the_driver_delivers_it_and_evaluate_takes_the_collected_models(
+    spec, sample_data, tmp_path
+):
+    result, _ = run_executor(
+        spec,
+        "create_cluster",
+        {"run_id": "run-1", "num_workers": 1, "cluster_mode": "local", "port": 2222},
+        {},
+        {"cluster": _artifact(tmp_path / "cluster", "system.Artifact", "cluster")},
+        tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
-    worker_inputs = {"dataset": [_artifact(sample_data, "system.Dataset", "dataset")],
-                     "cluster": [_artifact(tmp_path / "cluster", "system.Artifact", "cluster")]}
-    parameters = {"worker_index": 0, "run_id": "run-1", "epochs": 1, "batch_size": 64, "learning_rate": 0.002,
-                  "startup_timeout": 60.0, "unschedulable_timeout": 60.0, "collective_timeout": 0.0, "max_restarts": 0,
-                  "checkpoint_dir": "", "cluster_mode": "local"}
+    worker_inputs = {
+        "dataset": [_artifact(sample_data, "system.Dataset", "dataset")],
+        "cluster": [_artifact(tmp_path / "cluster", "system.Artifact", "cluster")],
+    }
+    parameters = {
+        "worker_index": 0,
+        "run_id": "run-1",
+        "epochs": 1,
+        "batch_size": 64,
+        "learning_rate": 0.002,
+        "startup_timeout": 60.0,
+        "unschedulable_timeout": 60.0,
+        "collective_timeout": 0.0,
+        "max_restarts": 0,
+        "checkpoint_dir": "",
+        "cluster_mode": "local",
+    }
     stringly = dict(parameters, worker_index="0")
     with pytest.raises(AssertionError, match="worker_index typed as the YAML declares it"):
         run_executor(spec, "train_worker", stringly, worker_inputs, {}, tmp_path)
@@ -91,11 +128,23 @@ def test_a_worker_takes_its_index_as_the_driver_delivers_it_and_evaluate_takes_t
     other.mkdir()
     (other / "worker.json").write_text('{"worker_index": 1, "chief": false}')
     models = [_artifact(tmp_path / "model-0", "system.Model", "model"), _artifact(other, "system.Model", "model")]
-    outputs = {name: _artifact(tmp_path / name, schema, name) for name, schema in (
-        ("metrics", "system.Metrics"), ("classification_metrics", "system.ClassificationMetrics"),
-        ("report", "system.HTML"), ("chief_model", "system.Model"))}
-    result, out = run_executor(spec, "evaluate", {"min_accuracy": 0.5},
-                               {"dataset": worker_inputs["dataset"], "models": models}, outputs, tmp_path)
+    outputs = {
+        name: _artifact(tmp_path / name, schema, name)
+        for name, schema in (
+            ("metrics", "system.Metrics"),
+            ("classification_metrics", "system.ClassificationMetrics"),
+            ("report", "system.HTML"),
+            ("chief_model", "system.Model"),
+        )
+    }
+    result, out = run_executor(
+        spec,
+        "evaluate",
+        {"min_accuracy": 0.5},
+        {"dataset": worker_inputs["dataset"], "models": models},
+        outputs,
+        tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     accuracy = out["parameterValues"]["Output"]
     assert 0.5 <= accuracy <= 1 and out["artifacts"]["metrics"]["artifacts"][0]["metadata"]["passed_gate"] == 1
@@ -105,20 +154,45 @@ def test_a_worker_takes_its_index_as_the_driver_delivers_it_and_evaluate_takes_t
 
 def test_a_worker_given_the_index_as_text_fails_with_one_line_as_bad_input(spec, sample_data, tmp_path):
     """What the old YAML's STRING loop item would have done, had the driver let it through."""
-    result, _ = run_executor(spec, "create_cluster",
-                             {"run_id": "run-1", "num_workers": 1, "cluster_mode": "local", "port": 2222}, {},
-                             {"cluster": _artifact(tmp_path / "cluster", "system.Artifact", "cluster")}, tmp_path)
+    result, _ = run_executor(
+        spec,
+        "create_cluster",
+        {"run_id": "run-1", "num_workers": 1, "cluster_mode": "local", "port": 2222},
+        {},
+        {"cluster": _artifact(tmp_path / "cluster", "system.Artifact", "cluster")},
+        tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     spec = yaml.safe_load(yaml.safe_dump(spec))
-    spec["components"]["comp-train-worker"]["inputDefinitions"]["parameters"]["worker_index"]["parameterType"] = "STRING"
-    parameters = {"worker_index": "0", "run_id": "run-1", "epochs": 1, "batch_size": 64, "learning_rate": 0.002,
-                  "startup_timeout": 60.0, "unschedulable_timeout": 60.0, "collective_timeout": 0.0, "max_restarts": 0,
-                  "checkpoint_dir": "", "cluster_mode": "local"}
-    result, _ = run_executor(spec, "train_worker", parameters,
-                             {"dataset": [_artifact(sample_data, "system.Dataset", "dataset")],
-                              "cluster": [_artifact(tmp_path / "cluster", "system.Artifact", "cluster")]},
-                             {"model": _artifact(tmp_path / "model", "system.Model", "model")}, tmp_path)
+    spec["components"]["comp-train-worker"]["inputDefinitions"]["parameters"]["worker_index"]["parameterType"] = (
+        "STRING"
+    )
+    parameters = {
+        "worker_index": "0",
+        "run_id": "run-1",
+        "epochs": 1,
+        "batch_size": 64,
+        "learning_rate": 0.002,
+        "startup_timeout": 60.0,
+        "unschedulable_timeout": 60.0,
+        "collective_timeout": 0.0,
+        "max_restarts": 0,
+        "checkpoint_dir": "",
+        "cluster_mode": "local",
+    }
+    result, _ = run_executor(
+        spec,
+        "train_worker",
+        parameters,
+        {
+            "dataset": [_artifact(sample_data, "system.Dataset", "dataset")],
+            "cluster": [_artifact(tmp_path / "cluster", "system.Artifact", "cluster")],
+        },
+        {"model": _artifact(tmp_path / "model", "system.Model", "model")},
+        tmp_path,
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
-        "error: task index '0' must be an integer"]
+        "error: task index '0' must be an integer"
+    ]
     assert not (tmp_path / "model").exists()

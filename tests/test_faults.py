@@ -28,7 +28,9 @@ class Streamed:
     """A process whose merged output is collected line by line while it runs."""
 
     def __init__(self, args, env):
-        self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(
+            args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -59,11 +61,30 @@ class Streamed:
 
 
 @pytest.mark.slow
-def test_a_peer_killed_mid_training_makes_both_workers_restart_in_place_and_finish(sample_data, undisturbed_two_workers,
-                                                                                   tmp_path):
-    launcher = Streamed([sys.executable, "-m", "trainer.launch", "--workers", "2", "--max-restarts", "1", "--",
-                         "--data", sample_data, "--model-dir", str(tmp_path / "model"), "--epochs", "10",
-                         "--checkpoint-dir", str(tmp_path / "checkpoints")], _env())
+def test_a_peer_killed_mid_training_makes_both_workers_restart_in_place_and_finish(
+    sample_data, undisturbed_two_workers, tmp_path
+):
+    launcher = Streamed(
+        [
+            sys.executable,
+            "-m",
+            "trainer.launch",
+            "--workers",
+            "2",
+            "--max-restarts",
+            "1",
+            "--",
+            "--data",
+            sample_data,
+            "--model-dir",
+            str(tmp_path / "model"),
+            "--epochs",
+            "10",
+            "--checkpoint-dir",
+            str(tmp_path / "checkpoints"),
+        ],
+        _env(),
+    )
     try:
         pid = int(launcher.wait_for(r"^\[worker 1\] .*cluster formed: .*\(pid (\d+)\)", 120).group(1))
         launcher.wait_for(r"^\[worker 1\] .*epoch 3:", 180)
@@ -96,8 +117,20 @@ def test_peer_that_dies_and_is_not_restarted_fails_the_survivor_naming_it(sample
     ports = free_ports(2)
     addresses = [f"localhost:{p}" for p in ports]
     workers = [
-        Streamed([sys.executable, "-m", "trainer.train", "--data", sample_data, "--model-dir", str(tmp_path / "model"),
-                  "--epochs", "30"], _env({"TF_CONFIG": json.dumps(build_tf_config(addresses, "worker", i))}))
+        Streamed(
+            [
+                sys.executable,
+                "-m",
+                "trainer.train",
+                "--data",
+                sample_data,
+                "--model-dir",
+                str(tmp_path / "model"),
+                "--epochs",
+                "30",
+            ],
+            _env({"TF_CONFIG": json.dumps(build_tf_config(addresses, "worker", i))}),
+        )
         for i in range(2)
     ]
     try:
@@ -121,9 +154,24 @@ def test_unresolvable_peer_fails_within_the_timeout_naming_it(sample_data, tmp_p
     port = free_ports(1)[0]
     tf_config = build_tf_config([f"localhost:{port}", "tfw-missing.nowhere.invalid:2222"], "worker", 0)
     start = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "trainer.train", "--data", sample_data, "--model-dir", str(tmp_path / "m"),
-                             "--startup-timeout", "6"], cwd=ROOT, env=_env({"TF_CONFIG": json.dumps(tf_config)}),
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer.train",
+            "--data",
+            sample_data,
+            "--model-dir",
+            str(tmp_path / "m"),
+            "--startup-timeout",
+            "6",
+        ],
+        cwd=ROOT,
+        env=_env({"TF_CONFIG": json.dumps(tf_config)}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 137, "the supervisor's start-up watchdog fired"
     assert "worker 1 at tfw-missing.nowhere.invalid:2222 (name does not resolve)" in result.stderr
     assert time.monotonic() - start < 60

@@ -8,7 +8,10 @@ from trainer.idx import encode_idx, parse_idx, read_split, write_gz
 
 
 def _write_split(directory, images, labels, split="train"):
-    stems = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"), "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+    stems = {
+        "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+        "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+    }
     write_gz(str(directory / f"{stems[split][0]}.gz"), images)
     write_gz(str(directory / f"{stems[split][1]}.gz"), labels)
 
@@ -45,7 +48,9 @@ def test_wrong_magic_is_named():
 
 def test_truncated_body_is_named():
     data = encode_idx(np.zeros((3, 4, 4), dtype=np.uint8))[:-5]
-    with pytest.raises(UsageError, match=r"'y' is truncated: shape \(3, 4, 4\) needs 48 bytes after the header, found 43"):
+    with pytest.raises(
+        UsageError, match=r"'y' is truncated: shape \(3, 4, 4\) needs 48 bytes after the header, found 43"
+    ):
         parse_idx(data, "y")
 
 

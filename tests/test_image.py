@@ -22,7 +22,10 @@ pytestmark = pytest.mark.image
 
 IMAGE = os.environ.get("KFP_TF_IMAGE", f"kfp-tf-multiworker:{trainer.__version__}")
 PUBLIC_DEBIAN_HOSTS = {"deb.debian.org", "security.debian.org", "ftp.debian.org", "snapshot.debian.org"}
-HOST_BUNDLES = ["/etc/ssl/certs/ca-certificates.crt", *(os.environ.get(v) for v in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"))]
+HOST_BUNDLES = [
+    "/etc/ssl/certs/ca-certificates.crt",
+    *(os.environ.get(v) for v in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")),
+]
 PEM = re.compile(rb"-----BEGIN CERTIFICATE-----\s*(.*?)\s*-----END CERTIFICATE-----", re.DOTALL)
 
 
@@ -45,8 +48,11 @@ def _run(docker, *command):
 
 def mirror_hosts():
     """Package-mirror hosts in this machine's apt sources, public Debian hosts left out (the image names those)."""
-    paths = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*.sources")),
-             *sorted(Path("/etc/apt/sources.list.d").glob("*.list"))]
+    paths = [
+        Path("/etc/apt/sources.list"),
+        *sorted(Path("/etc/apt/sources.list.d").glob("*.sources")),
+        *sorted(Path("/etc/apt/sources.list.d").glob("*.list")),
+    ]
     text = "\n".join(p.read_text(errors="replace") for p in paths if p.is_file())
     hosts = {m.lower() for m in re.findall(r"\b[a-z][a-z0-9+.-]*://([^/\s:\]]+)", text)}
     return sorted(hosts - PUBLIC_DEBIAN_HOSTS)
@@ -127,12 +133,16 @@ def test_runs_as_uid_and_gid_1000(docker):
 
 
 def test_tensorflow_kfp_and_the_trainer_import_as_that_user(docker):
-    out = _run(docker, "python", "-c", "import os, tensorflow, tf_keras, kfp, trainer; print(os.getuid(), trainer.__version__)")
+    out = _run(
+        docker, "python", "-c", "import os, tensorflow, tf_keras, kfp, trainer; print(os.getuid(), trainer.__version__)"
+    )
     assert out.splitlines()[-1] == f"1000 {trainer.__version__}"
 
 
 def test_environment_has_no_pip_or_tls_settings_of_the_build_host(docker):
-    config = json.loads(subprocess.run([docker, "image", "inspect", IMAGE], capture_output=True, text=True, check=True).stdout)[0]
+    config = json.loads(
+        subprocess.run([docker, "image", "inspect", IMAGE], capture_output=True, text=True, check=True).stdout
+    )[0]
     env = dict(item.split("=", 1) for item in config["Config"]["Env"])
     pip_env = {k: v for k, v in env.items() if k.startswith("PIP_")}
     assert set(pip_env) <= {"PIP_NO_CACHE_DIR", "PIP_DISABLE_PIP_VERSION_CHECK"}, pip_env
@@ -141,8 +151,12 @@ def test_environment_has_no_pip_or_tls_settings_of_the_build_host(docker):
 
 
 def test_history_names_neither_the_mirror_nor_a_pip_conf(docker):
-    history = subprocess.run([docker, "history", "--no-trunc", "--format", "{{.CreatedBy}} {{.Comment}}", IMAGE],
-                             capture_output=True, text=True, check=True).stdout
+    history = subprocess.run(
+        [docker, "history", "--no-trunc", "--format", "{{.CreatedBy}} {{.Comment}}", IMAGE],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "pip install" in history
     assert "pip.conf" not in history
     for n, host in enumerate(mirror_hosts()):

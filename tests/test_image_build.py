@@ -78,7 +78,10 @@ def test_without_a_ca_bundle_pip_gets_no_cert_line(tmp_path, monkeypatch):
 
 def test_mirror_is_read_from_deb822_or_one_line_sources_and_public_hosts_are_not_private():
     assert image_common.debian_mirror(SOURCES) == f"http://{MIRROR_HOST}/debian"
-    assert image_common.debian_mirror(f"deb [arch=amd64] https://{MIRROR_HOST}/d bookworm main\n") == f"https://{MIRROR_HOST}/d"
+    assert (
+        image_common.debian_mirror(f"deb [arch=amd64] https://{MIRROR_HOST}/d bookworm main\n")
+        == f"https://{MIRROR_HOST}/d"
+    )
     disabled = SOURCES.replace("Types: deb\n#", "Enabled: no\nTypes: deb\n#", 1)
     assert image_common.debian_mirror(disabled) == image_common.PUBLIC_DEBIAN
     assert image_common.debian_mirror("deb http://deb.debian.org/debian trixie main\n") == image_common.PUBLIC_DEBIAN
@@ -131,17 +134,23 @@ def test_nothing_the_build_is_given_names_the_mirror(tmp_path, monkeypatch):
     engine = image_engine.Engine("docker", str(image_engine.DATA_ROOT))
     argv = image.build_command(engine, ["docker", "build"], options, "kfp-tf-multiworker:0.1.0")
     assert argv[-1] == str(ROOT) and argv[argv.index("--network") + 1] == "host"
-    assert "--network" not in image.build_command(image_engine.Engine("docker", "/var/lib/docker"), ["docker", "build"], [], "t")
+    assert "--network" not in image.build_command(
+        image_engine.Engine("docker", "/var/lib/docker"), ["docker", "build"], [], "t"
+    )
     assert not tmp_path.is_relative_to(ROOT)
     written = " ".join(argv) + "".join(p.read_text() for p in tmp_path.iterdir())
     assert MIRROR_HOST not in written
-    assert "apt-cache.corp.example" not in image_common.redact(f"from http://{MIRROR_HOST.upper()}/debian", [MIRROR_HOST])
+    assert "apt-cache.corp.example" not in image_common.redact(
+        f"from http://{MIRROR_HOST.upper()}/debian", [MIRROR_HOST]
+    )
 
 
 def _fake_docker(directory, version, buildx):
     script = directory / "docker"
-    script.write_text(f'#!/bin/sh\n[ "$1" = --version ] && echo "Docker version {version}, build 0" && exit 0\n'
-                      f'[ "$1" = buildx ] && exit {0 if buildx else 1}\nexit 1\n')
+    script.write_text(
+        f'#!/bin/sh\n[ "$1" = --version ] && echo "Docker version {version}, build 0" && exit 0\n'
+        f'[ "$1" = buildx ] && exit {0 if buildx else 1}\nexit 1\n'
+    )
     script.chmod(0o755)
     return str(script)
 
@@ -152,7 +161,9 @@ def test_builder_is_buildx_or_a_cli_with_built_in_buildkit(tmp_path):
     new_without_buildx = _fake_docker(tmp_path / "a", "28.2.2", buildx=False)
     debian = _fake_docker(tmp_path / "b", "20.10.24+dfsg1", buildx=False)
     with_buildx = _fake_docker(tmp_path / "c", "27.1.0", buildx=True)
-    assert image_engine.find_builder([new_without_buildx, debian]) == image_engine.Builder((debian, "build"), (("DOCKER_BUILDKIT", "1"),))
+    assert image_engine.find_builder([new_without_buildx, debian]) == image_engine.Builder(
+        (debian, "build"), (("DOCKER_BUILDKIT", "1"),)
+    )
     assert image_engine.find_builder([with_buildx, debian]).argv == (with_buildx, "buildx", "build", "--load")
     with pytest.raises(image_common.SetupError, match="BuildKit"):
         image_engine.find_builder([new_without_buildx])
@@ -170,7 +181,9 @@ def test_without_an_engine_a_non_root_user_gets_one_error_line_and_exit_2(monkey
 
 @pytest.mark.parametrize("args", [["build", "--tag", "Not A Tag"], ["build", "--tag", "repo:"], [], ["frobnicate"]])
 def test_bad_input_is_one_error_line_and_exit_2(args):
-    result = subprocess.run([sys.executable, str(ROOT / "deploy" / "image.py"), *args], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "deploy" / "image.py"), *args], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 2
     assert result.stdout == "" and len(result.stderr.splitlines()) == 1 and result.stderr.startswith("error: ")
 

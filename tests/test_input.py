@@ -12,7 +12,9 @@ from trainer.records import load_metadata, shard_paths
 
 def _batches(data_dir: str, steps: int, epochs: int) -> tuple:
     meta = load_metadata(data_dir)
-    dataset = train_dataset(data_dir, meta, DataConfig(shuffle_buffer=1000), 50, steps, 1, 0, tf.Variable(0, dtype=tf.int64))
+    dataset = train_dataset(
+        data_dir, meta, DataConfig(shuffle_buffer=1000), 50, steps, 1, 0, tf.Variable(0, dtype=tf.int64)
+    )
     return iter(dataset), shard_paths(data_dir, meta, "train")
 
 
@@ -30,7 +32,9 @@ def test_short_epochs_decode_the_files_once(sample_data, tmp_path):
     for got, want in zip(first_epoch + later_epochs, [next(reference) for _ in range(epochs * steps)], strict=True):
         np.testing.assert_array_equal(got[0].numpy(), want[0].numpy())
         np.testing.assert_array_equal(got[1].numpy(), want[1].numpy())
-    labels = [np.concatenate([b[1].numpy() for b in later_epochs[i * steps:(i + 1) * steps]]) for i in range(epochs - 1)]
+    labels = [
+        np.concatenate([b[1].numpy() for b in later_epochs[i * steps : (i + 1) * steps]]) for i in range(epochs - 1)
+    ]
     assert not np.array_equal(labels[0], labels[1]), "every epoch is shuffled with its own seed"
     assert first_epoch[0][0].shape == (50, 28, 28, 1) and first_epoch[0][0].dtype == tf.float32
 

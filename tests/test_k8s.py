@@ -34,23 +34,35 @@ def test_names_are_short_dns_labels_unique_per_run():
     assert name == k8s.service_name(RUN_ID, 2), "stable across retries"
     assert k8s.service_name("another-run", 2) != name
     assert k8s.task_addresses(RUN_ID, 2, "team-a", 2222) == [
-        f"{k8s.service_name(RUN_ID, 0)}.team-a.svc:2222", f"{k8s.service_name(RUN_ID, 1)}.team-a.svc:2222"]
+        f"{k8s.service_name(RUN_ID, 0)}.team-a.svc:2222",
+        f"{k8s.service_name(RUN_ID, 1)}.team-a.svc:2222",
+    ]
     assert k8s.control_address("tfw-r1-0.team-a.svc:2222") == "tfw-r1-0.team-a.svc:2223"
 
 
 def test_a_task_creates_its_headless_service_owned_by_the_run(standin, api, httpserver):
     workflow = standin.add("workflows.argoproj.io", "team-a", WORKFLOW)
-    standin.add_pod("team-a", "mnist-x7k2p-system-container-impl-1",
-                    labels={k8s.WORKFLOW_LABEL: "mnist-multiworker-x7k2p", k8s.KFP_RUN_LABEL: RUN_ID})
+    standin.add_pod(
+        "team-a",
+        "mnist-x7k2p-system-container-impl-1",
+        labels={k8s.WORKFLOW_LABEL: "mnist-multiworker-x7k2p", k8s.KFP_RUN_LABEL: RUN_ID},
+    )
     owner = k8s.workflow_owner(api, "team-a", "mnist-x7k2p-system-container-impl-1")
-    assert owner == {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "mnist-multiworker-x7k2p",
-                     "uid": workflow["metadata"]["uid"], "blockOwnerDeletion": False}
+    assert owner == {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "name": "mnist-multiworker-x7k2p",
+        "uid": workflow["metadata"]["uid"],
+        "blockOwnerDeletion": False,
+    }
     assert k8s.ensure_service(api, "team-a", RUN_ID, 1, 2222, owner) is True
     body = standin.get("services", "team-a", k8s.service_name(RUN_ID, 1))
     assert body["spec"]["clusterIP"] == "None" and body["spec"]["publishNotReadyAddresses"] is True
-    assert body["spec"]["selector"] == {"app.kubernetes.io/name": "kfp-tf-multiworker",
-                                        "tf-multiworker.kubeflow.org/run": k8s.run_key(RUN_ID),
-                                        "tf-multiworker.kubeflow.org/worker-index": "1"}
+    assert body["spec"]["selector"] == {
+        "app.kubernetes.io/name": "kfp-tf-multiworker",
+        "tf-multiworker.kubeflow.org/run": k8s.run_key(RUN_ID),
+        "tf-multiworker.kubeflow.org/worker-index": "1",
+    }
     assert body["spec"]["ports"] == [{"name": "tf-grpc", "port": 2222, "targetPort": 2222, "protocol": "TCP"}]
     assert body["metadata"]["labels"]["pipelines.kubeflow.org/run-id"] == RUN_ID
     assert body["metadata"]["ownerReferences"] == [owner]
@@ -59,7 +71,8 @@ def test_a_task_creates_its_headless_service_owned_by_the_run(standin, api, http
     from kubernetes import client
 
     client.CustomObjectsApi(api.api_client).delete_namespaced_custom_object(
-        "argoproj.io", "v1alpha1", "team-a", "workflows", WORKFLOW["metadata"]["name"])
+        "argoproj.io", "v1alpha1", "team-a", "workflows", WORKFLOW["metadata"]["name"]
+    )
     assert standin.items("services") == {}, "deleting the run's Workflow removes the Services it owns"
 
 
@@ -111,19 +124,30 @@ def test_deploy_manifests_validate_against_kubernetes_schemas(path):
 
 
 def test_service_bodies_validate_against_kubernetes_schemas():
-    owner = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "w", "uid": "1-2-3",
-             "blockOwnerDeletion": False}
+    owner = {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "name": "w",
+        "uid": "1-2-3",
+        "blockOwnerDeletion": False,
+    }
     for index in range(3):
         kubernetes_validate.validate(k8s.service_manifest(RUN_ID, index, 2222, owner), K8S_VERSION, strict=True)
 
 
-@pytest.mark.parametrize(("call", "message"), [
-    (lambda: k8s.task_addresses(RUN_ID, 0, "ns"), "num_workers 0 is not allowed; allowed: 1 to 64"),
-    (lambda: k8s.task_addresses(RUN_ID, 65, "ns"), "num_workers 65 is not allowed"),
-    (lambda: k8s.task_addresses(RUN_ID, 2, "ns", 65535), "port 65535 is not allowed; allowed: an integer from 1 to 65534"),
-    (lambda: k8s.service_name("", 0), "run id is empty"),
-    (lambda: k8s.label_own_pod(None, "ns", "", RUN_ID, 0), "the pod name is empty"),
-])
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: k8s.task_addresses(RUN_ID, 0, "ns"), "num_workers 0 is not allowed; allowed: 1 to 64"),
+        (lambda: k8s.task_addresses(RUN_ID, 65, "ns"), "num_workers 65 is not allowed"),
+        (
+            lambda: k8s.task_addresses(RUN_ID, 2, "ns", 65535),
+            "port 65535 is not allowed; allowed: an integer from 1 to 65534",
+        ),
+        (lambda: k8s.service_name("", 0), "run id is empty"),
+        (lambda: k8s.label_own_pod(None, "ns", "", RUN_ID, 0), "the pod name is empty"),
+    ],
+)
 def test_bad_inputs(call, message):
     with pytest.raises(UsageError, match=re.escape(message)):
         call()

@@ -30,8 +30,25 @@ def _processes_alive(pids):
 
 @pytest.mark.slow
 def test_chief_ps_and_two_workers_train_and_all_exit_zero(sample_data, tmp_path):
-    launcher = Streamed([sys.executable, "-m", "trainer.launch", "--workers", "2", "--ps", "1", "--", "--data", sample_data,
-                         "--model-dir", str(tmp_path / "model"), "--epochs", "12"], _env())
+    launcher = Streamed(
+        [
+            sys.executable,
+            "-m",
+            "trainer.launch",
+            "--workers",
+            "2",
+            "--ps",
+            "1",
+            "--",
+            "--data",
+            sample_data,
+            "--model-dir",
+            str(tmp_path / "model"),
+            "--epochs",
+            "12",
+        ],
+        _env(),
+    )
     try:
         code = launcher.finish(400)
     finally:
@@ -49,8 +66,25 @@ def test_chief_ps_and_two_workers_train_and_all_exit_zero(sample_data, tmp_path)
 
 @pytest.mark.slow
 def test_killing_a_worker_mid_training_lets_the_chief_finish(sample_data, tmp_path):
-    launcher = Streamed([sys.executable, "-m", "trainer.launch", "--workers", "2", "--ps", "1", "--", "--data", sample_data,
-                         "--model-dir", str(tmp_path / "model"), "--epochs", "8"], _env())
+    launcher = Streamed(
+        [
+            sys.executable,
+            "-m",
+            "trainer.launch",
+            "--workers",
+            "2",
+            "--ps",
+            "1",
+            "--",
+            "--data",
+            sample_data,
+            "--model-dir",
+            str(tmp_path / "model"),
+            "--epochs",
+            "8",
+        ],
+        _env(),
+    )
     try:
         pid = int(launcher.wait_for(r"^\[worker 1\] .*server started at \S+ \(pid (\d+)\)", 120).group(1))
         launcher.wait_for(r"^\[chief 0\] .*epoch 2:", 180)
@@ -68,12 +102,29 @@ def test_killing_a_worker_mid_training_lets_the_chief_finish(sample_data, tmp_pa
 @pytest.mark.slow
 def test_killing_the_chief_ends_ps_and_workers_within_the_timeout(sample_data, tmp_path):
     ports = free_ports(4)
-    spec = make_cluster([f"localhost:{ports[1]}", f"localhost:{ports[2]}"], chief=f"localhost:{ports[0]}", ps=[f"localhost:{ports[3]}"])
+    spec = make_cluster(
+        [f"localhost:{ports[1]}", f"localhost:{ports[2]}"], chief=f"localhost:{ports[0]}", ps=[f"localhost:{ports[3]}"]
+    )
     status = str(tmp_path / "status.json")
-    common = ["--data", sample_data, "--model-dir", str(tmp_path / "model"), "--epochs", "30", "--strategy", "parameter_server",
-              "--status-uri", status, "--chief-timeout", "8"]
+    common = [
+        "--data",
+        sample_data,
+        "--model-dir",
+        str(tmp_path / "model"),
+        "--epochs",
+        "30",
+        "--strategy",
+        "parameter_server",
+        "--status-uri",
+        status,
+        "--chief-timeout",
+        "8",
+    ]
     procs = {
-        (job, i): Streamed([sys.executable, "-m", "trainer.train", *common], _env({"TF_CONFIG": json.dumps(build_tf_config(spec, job, i))}))
+        (job, i): Streamed(
+            [sys.executable, "-m", "trainer.train", *common],
+            _env({"TF_CONFIG": json.dumps(build_tf_config(spec, job, i))}),
+        )
         for job, i in (("chief", 0), ("ps", 0), ("worker", 0), ("worker", 1))
     }
     try:
@@ -100,7 +151,10 @@ def test_status_states_decide_the_servers_exit_code(tmp_path):
     with pytest.raises(RuntimeError), ps.StatusPublisher(uri):
         raise RuntimeError("out of memory on the chief")
     assert json.loads((tmp_path / "status.json").read_text()) | {"heartbeat": 0} == {
-        "state": "failed", "detail": "out of memory on the chief", "heartbeat": 0}
+        "state": "failed",
+        "detail": "out of memory on the chief",
+        "heartbeat": 0,
+    }
     with pytest.raises(ps.ChiefFailedError, match="ps 0: the chief failed: out of memory on the chief"):
         ps.wait_for_chief(uri, 5, 30, "ps 0")
     with pytest.raises(PeerUnavailableError, match=r"worker 0: the chief published no status at \S+ within 1s"):
@@ -114,7 +168,16 @@ def test_ps_task_under_the_mirrored_strategy_is_refused(sample_data, tmp_path, c
     from trainer import train
 
     spec = make_cluster(["localhost:2", "localhost:3"], chief="localhost:1", ps=["localhost:4"])
-    code = train.main(["--data", sample_data, "--model-dir", str(tmp_path / "m"), "--tf-config", json.dumps(build_tf_config(spec, "chief", 0))])
+    code = train.main(
+        [
+            "--data",
+            sample_data,
+            "--model-dir",
+            str(tmp_path / "m"),
+            "--tf-config",
+            json.dumps(build_tf_config(spec, "chief", 0)),
+        ]
+    )
     assert code == 2
     assert "TF_CONFIG has 'ps' tasks but the strategy is multi_worker_mirrored" in capsys.readouterr().err
 
@@ -124,4 +187,7 @@ def test_parameter_server_needs_chief_ps_and_workers(sample_data, tmp_path, caps
 
     code = train.main(["--data", sample_data, "--model-dir", str(tmp_path / "m"), "--strategy", "parameter_server"])
     assert code == 2
-    assert "parameter_server strategy needs a TF_CONFIG with one chief, at least one ps and at least one worker" in capsys.readouterr().err
+    assert (
+        "parameter_server strategy needs a TF_CONFIG with one chief, at least one ps and at least one worker"
+        in capsys.readouterr().err
+    )

@@ -31,8 +31,14 @@ def _tasks(spec):
 
 
 def _script(*args, timeout=600, env=None):
-    return subprocess.run([sys.executable, "pipelines/mnist.py", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "pipelines/mnist.py", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -86,19 +92,32 @@ def test_workers_fan_out_over_create_clusters_indices_and_all_run_at_once(spec):
 
 def test_no_exit_handler_and_the_run_returns_its_results(spec):
     assert not any("exit-handler" in name for name in spec["components"])
-    assert all(t.get("triggerPolicy", {}).get("strategy") != "ALL_UPSTREAM_TASKS_COMPLETED" for t in _tasks(spec).values())
+    assert all(
+        t.get("triggerPolicy", {}).get("strategy") != "ALL_UPSTREAM_TASKS_COMPLETED" for t in _tasks(spec).values()
+    )
     outputs = spec["root"]["dag"]["outputs"]
     assert outputs["parameters"]["accuracy"]["valueFromParameter"]["producerSubtask"] == "evaluate"
     assert {a: v["artifactSelectors"][0]["outputArtifactKey"] for a, v in outputs["artifacts"].items()} == {
-        "model": "chief_model", "metrics": "metrics", "report": "report"}
+        "model": "chief_model",
+        "metrics": "metrics",
+        "report": "report",
+    }
 
 
 def test_quality_gate_guards_publishing(spec):
     tasks = _tasks(spec)
-    conditions = " ".join(t["triggerPolicy"]["condition"] for t in tasks.values() if "condition" in t.get("triggerPolicy", {}))
-    assert "inputs.parameter_values['pipelinechannel--evaluate-Output'] >= inputs.parameter_values['pipelinechannel--min_accuracy']" in conditions
+    conditions = " ".join(
+        t["triggerPolicy"]["condition"] for t in tasks.values() if "condition" in t.get("triggerPolicy", {})
+    )
+    assert (
+        "inputs.parameter_values['pipelinechannel--evaluate-Output'] >= inputs.parameter_values['pipelinechannel--min_accuracy']"
+        in conditions
+    )
     assert "inputs.parameter_values['pipelinechannel--publish_uri'] != ''" in conditions
-    assert tasks["publish-model"]["inputs"]["artifacts"]["model"]["componentInputArtifact"] == "pipelinechannel--evaluate-chief_model"
+    assert (
+        tasks["publish-model"]["inputs"]["artifacts"]["model"]["componentInputArtifact"]
+        == "pipelinechannel--evaluate-chief_model"
+    )
 
 
 def test_only_data_preparation_is_cached(spec):
@@ -126,23 +145,52 @@ def test_every_parameter_and_input_has_a_description(spec):
 def test_training_pods_know_who_they_are_and_what_they_may_use(spec, platform):
     worker = platform["exec-train-worker"]
     assert {(e["name"], e["fieldPath"]) for e in worker["fieldPathAsEnv"]} == {
-        ("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace"), ("POD_IP", "status.podIP")}
+        ("POD_NAME", "metadata.name"),
+        ("POD_NAMESPACE", "metadata.namespace"),
+        ("POD_IP", "status.podIP"),
+    }
     assert int(worker["activeDeadlineSeconds"]) == 21600
     resources = spec["deploymentSpec"]["executors"]["exec-train-worker"]["container"]["resources"]
-    assert resources["cpuRequest"] == 1.0 and resources["cpuLimit"] == 2.0 and resources["memoryLimit"] > resources["memoryRequest"]
+    assert (
+        resources["cpuRequest"] == 1.0
+        and resources["cpuLimit"] == 2.0
+        and resources["memoryLimit"] > resources["memoryRequest"]
+    )
     assert _tasks(spec)["train-worker"]["retryPolicy"]["maxRetryCount"] == 1
-    assert platform["exec-create-cluster"]["fieldPathAsEnv"] == [{"name": "POD_NAMESPACE", "fieldPath": "metadata.namespace"}]
+    assert platform["exec-create-cluster"]["fieldPathAsEnv"] == [
+        {"name": "POD_NAMESPACE", "fieldPath": "metadata.namespace"}
+    ]
 
 
 def test_pod_sizing_comes_from_the_command_line(tmp_path):
-    result = _script("--compile", "--image", IMAGE, "--output", str(tmp_path / "p.yaml"), "--cpu-request", "500m",
-                     "--memory-limit", "8Gi", "--retries", "0", "--timeout-seconds", "3600")
+    result = _script(
+        "--compile",
+        "--image",
+        IMAGE,
+        "--output",
+        str(tmp_path / "p.yaml"),
+        "--cpu-request",
+        "500m",
+        "--memory-limit",
+        "8Gi",
+        "--retries",
+        "0",
+        "--timeout-seconds",
+        "3600",
+    )
     assert result.returncode == 0, result.stderr
     spec, platform = list(yaml.safe_load_all((tmp_path / "p.yaml").read_text()))
     resources = spec["deploymentSpec"]["executors"]["exec-train-worker"]["container"]["resources"]
     assert resources["cpuRequest"] == 0.5 and resources["memoryLimit"] == 8.589934592
     assert "retryPolicy" not in _tasks(spec)["train-worker"]
-    assert int(platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-train-worker"]["activeDeadlineSeconds"]) == 3600
+    assert (
+        int(
+            platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-train-worker"][
+                "activeDeadlineSeconds"
+            ]
+        )
+        == 3600
+    )
 
 
 def test_each_action_shows_only_its_own_options():
@@ -160,11 +208,19 @@ def test_each_action_shows_only_its_own_options():
 def test_kfp_cli_compiles_the_file_with_the_image_from_the_environment(tmp_path):
     kfp_cli = Path(sys.executable).parent / "kfp"
     argv = [str(kfp_cli), "dsl", "compile", "--py", "pipelines/mnist.py", "--output", str(tmp_path / "k.yaml")]
-    refused = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120,
-                             env={k: v for k, v in os.environ.items() if k != "KFP_TF_IMAGE"})
+    refused = subprocess.run(
+        argv,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "KFP_TF_IMAGE"},
+    )
     assert refused.returncode != 0 and "error: $KFP_TF_IMAGE is not set" in refused.stderr
     assert not (tmp_path / "k.yaml").exists()
-    result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, env=dict(os.environ, KFP_TF_IMAGE=IMAGE))
+    result = subprocess.run(
+        argv, cwd=ROOT, capture_output=True, text=True, timeout=120, env=dict(os.environ, KFP_TF_IMAGE=IMAGE)
+    )
     assert result.returncode == 0, result.stderr
     compiled = _load(tmp_path / "k.yaml")
     assert compiled["pipelineInfo"]["name"] == "mnist-multiworker"
@@ -174,12 +230,16 @@ def test_kfp_cli_compiles_the_file_with_the_image_from_the_environment(tmp_path)
 def test_an_image_without_a_registry_is_taken_with_a_warning(tmp_path):
     result = _script("--compile", "--image", "kfp-tf-multiworker:0.1.0", "--output", str(tmp_path / "p.yaml"))
     assert result.returncode == 0, result.stderr
-    assert "image 'kfp-tf-multiworker:0.1.0' names no registry, so a cluster pulls it from " \
-           "docker.io/library/kfp-tf-multiworker" in result.stderr
+    assert (
+        "image 'kfp-tf-multiworker:0.1.0' names no registry, so a cluster pulls it from "
+        "docker.io/library/kfp-tf-multiworker" in result.stderr
+    )
 
 
 def test_parameter_server_pipeline_has_its_own_name_chief_ps_and_worker_ops(tmp_path):
-    result = _script("--compile", "--strategy", "parameter_server", "--output", str(tmp_path / "ps.yaml"), "--image", IMAGE)
+    result = _script(
+        "--compile", "--strategy", "parameter_server", "--output", str(tmp_path / "ps.yaml"), "--image", IMAGE
+    )
     assert result.returncode == 0, result.stderr
     ps_spec = _load(tmp_path / "ps.yaml")
     assert ps_spec["pipelineInfo"]["name"] == "mnist-parameter-server"
@@ -190,15 +250,20 @@ def test_parameter_server_pipeline_has_its_own_name_chief_ps_and_worker_ops(tmp_
     assert params["num_ps"]["defaultValue"] == 1 and params["status_uri"]["defaultValue"] == ""
     tasks = _tasks(ps_spec)
     loops = {t["taskInfo"]["name"]: t for t in tasks.values() if "parameterIterator" in t}
-    assert loops["parameter servers and workers"]["parameterIterator"]["items"]["inputParameter"] == \
-        "pipelinechannel--create-ps-cluster-Output"
+    assert (
+        loops["parameter servers and workers"]["parameterIterator"]["items"]["inputParameter"]
+        == "pipelinechannel--create-ps-cluster-Output"
+    )
     assert loops["chief"]["parameterIterator"]["items"]["raw"] == "[0]"
 
 
 def test_local_parameter_server_run_is_refused_with_the_reason(tmp_path):
     result = _script("--local", "--strategy", "parameter_server", "--output-dir", str(tmp_path / "run"), timeout=60)
     assert result.returncode == 2
-    assert "--strategy parameter_server is not allowed with --local: kfp.local runs at most 2 tasks at once" in result.stderr
+    assert (
+        "--strategy parameter_server is not allowed with --local: kfp.local runs at most 2 tasks at once"
+        in result.stderr
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -217,7 +282,9 @@ def _summary(stdout):
 @pytest.mark.slow
 def test_local_pipeline_end_to_end(tmp_path):
     published = tmp_path / "published"
-    result = _script("--local", "--num-workers", "2", "--output-dir", str(tmp_path / "run"), "--publish-uri", str(published))
+    result = _script(
+        "--local", "--num-workers", "2", "--output-dir", str(tmp_path / "run"), "--publish-uri", str(published)
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = _summary(result.stdout)
     accuracy = float(summary["test accuracy"])
@@ -229,24 +296,52 @@ def test_local_pipeline_end_to_end(tmp_path):
     assert report.read_text().startswith("<!doctype html>") and f"Test accuracy {accuracy:.4f}" in report.read_text()
     latest = json.loads((published / "latest.json").read_text())
     assert summary["publish"] == f"published version {latest['version']} at {published / str(latest['version'])}"
-    assert json.loads((published / str(latest["version"]) / "metrics.json").read_text())["metrics"]["accuracy"] == accuracy
+    assert (
+        json.loads((published / str(latest["version"]) / "metrics.json").read_text())["metrics"]["accuracy"] == accuracy
+    )
     assert latest["lineage"]["dataset"] == "sample" and latest["lineage"]["parameters"]["num_workers"] == 2
     assert latest["lineage"]["run_id"] == history["run_id"] != ""
 
-    worse = _script("--local", "--num-workers", "2", "--epochs", "1", "--min-accuracy", "0.5", "--output-dir",
-                    str(tmp_path / "run2"), "--publish-uri", str(published))
+    worse = _script(
+        "--local",
+        "--num-workers",
+        "2",
+        "--epochs",
+        "1",
+        "--min-accuracy",
+        "0.5",
+        "--output-dir",
+        str(tmp_path / "run2"),
+        "--publish-uri",
+        str(published),
+    )
     assert worse.returncode == 0, worse.stderr[-3000:]
     worse_accuracy = float(_summary(worse.stdout)["test accuracy"])
     assert 0.5 <= worse_accuracy < accuracy
-    assert _summary(worse.stdout)["publish"] == (f"not published: accuracy {worse_accuracy:.4f} is below the published "
-                                                 f"version {latest['version']} ({accuracy:.4f})")
-    assert json.loads((published / "latest.json").read_text()) == latest, "a worse model does not replace the published one"
+    assert _summary(worse.stdout)["publish"] == (
+        f"not published: accuracy {worse_accuracy:.4f} is below the published "
+        f"version {latest['version']} ({accuracy:.4f})"
+    )
+    assert json.loads((published / "latest.json").read_text()) == latest, (
+        "a worse model does not replace the published one"
+    )
 
 
 @pytest.mark.slow
 def test_failed_quality_gate_publishes_nothing_and_the_run_succeeds(tmp_path):
-    result = _script("--local", "--num-workers", "2", "--epochs", "1", "--min-accuracy", "0.999", "--output-dir",
-                     str(tmp_path / "run"), "--publish-uri", str(tmp_path / "published"))
+    result = _script(
+        "--local",
+        "--num-workers",
+        "2",
+        "--epochs",
+        "1",
+        "--min-accuracy",
+        "0.999",
+        "--output-dir",
+        str(tmp_path / "run"),
+        "--publish-uri",
+        str(tmp_path / "published"),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = _summary(result.stdout)
     assert summary["publish"].startswith("not published: accuracy") and "is below the gate 0.9990" in summary["publish"]

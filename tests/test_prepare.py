@@ -40,7 +40,9 @@ def _tiny_idx(directory, n_train=20, n_test=10):
 
 def test_idx_source_with_slicing_and_class_names(tmp_path):
     src = _tiny_idx(tmp_path / "idx")
-    meta = run(DataConfig(source=f"idx:{src}", num_shards=3, max_train_examples=11, class_names="a,b,c"), str(tmp_path / "out"))
+    meta = run(
+        DataConfig(source=f"idx:{src}", num_shards=3, max_train_examples=11, class_names="a,b,c"), str(tmp_path / "out")
+    )
     assert meta["splits"]["train"]["num_examples"] == 11
     assert [s["num_examples"] for s in meta["splits"]["train"]["shards"]] == [4, 4, 3]
     assert meta["splits"]["test"]["num_examples"] == 10
@@ -89,8 +91,14 @@ def test_missing_metadata_is_named(tmp_path):
 
 @pytest.mark.parametrize(
     ("source", "expected"),
-    [("sample", ("idx", sample_dir())), ("idx:/x/y", ("idx", "/x/y")), ("idx:gs://b/mnist", ("idx", "gs://b/mnist")),
-     ("mnist", ("tfds", "mnist")), ("tfds:fashion_mnist", ("tfds", "fashion_mnist")), ("tfds:mnist:3.0.1", ("tfds", "mnist:3.0.1"))],
+    [
+        ("sample", ("idx", sample_dir())),
+        ("idx:/x/y", ("idx", "/x/y")),
+        ("idx:gs://b/mnist", ("idx", "gs://b/mnist")),
+        ("mnist", ("tfds", "mnist")),
+        ("tfds:fashion_mnist", ("tfds", "fashion_mnist")),
+        ("tfds:mnist:3.0.1", ("tfds", "mnist:3.0.1")),
+    ],
 )
 def test_source_forms(source, expected):
     assert parse_source(source) == expected
@@ -104,8 +112,17 @@ def test_bad_source_is_refused(source):
 
 def test_tfds_offline_fails_fast_with_what_to_pass_instead(tmp_path):
     start = time.monotonic()
-    result = run_module("trainer.prepare", "--source", "tfds:mnist", "--tfds-data-dir", str(tmp_path / "tfds"),
-                        "--output", str(tmp_path / "out"), "--network-timeout", "3")
+    result = run_module(
+        "trainer.prepare",
+        "--source",
+        "tfds:mnist",
+        "--tfds-data-dir",
+        str(tmp_path / "tfds"),
+        "--output",
+        str(tmp_path / "out"),
+        "--network-timeout",
+        "3",
+    )
     elapsed = time.monotonic() - start
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
@@ -131,8 +148,15 @@ def test_tfds_source_reads_a_prepared_tfds_dataset(tmp_path):
         VERSION = tfds.core.Version("1.0.0")
 
         def _info(self):
-            return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
-                {"image": tfds.features.Image(shape=(28, 28, 1)), "label": tfds.features.ClassLabel(names=[f"digit{i}" for i in range(10)])}))
+            return tfds.core.DatasetInfo(
+                builder=self,
+                features=tfds.features.FeaturesDict(
+                    {
+                        "image": tfds.features.Image(shape=(28, 28, 1)),
+                        "label": tfds.features.ClassLabel(names=[f"digit{i}" for i in range(10)]),
+                    }
+                ),
+            )
 
         def _split_generators(self, dl_manager):
             return {"train": self._generate_examples("train"), "test": self._generate_examples("test")}
@@ -144,7 +168,9 @@ def test_tfds_source_reads_a_prepared_tfds_dataset(tmp_path):
 
     data_dir = str(tmp_path / "tfds")
     ShippedDigits(data_dir=data_dir).download_and_prepare()
-    meta = run(DataConfig(source="tfds:shipped_digits", tfds_data_dir=data_dir, max_train_examples=30), str(tmp_path / "out"))
+    meta = run(
+        DataConfig(source="tfds:shipped_digits", tfds_data_dir=data_dir, max_train_examples=30), str(tmp_path / "out")
+    )
     assert meta["splits"]["train"]["num_examples"] == 30 and meta["splits"]["test"]["num_examples"] == 50
     assert meta["class_names"][3] == "digit3" and meta["image_shape"] == [28, 28, 1]
     images, labels, _ = read_arrays(str(tmp_path / "out"), "test")
@@ -157,9 +183,19 @@ def test_debian_fashion_mnist_idx_files_read_unchanged(tmp_path):
     if not os.path.isdir(FASHION) and os.geteuid() != 0:
         pytest.skip(f"needs Debian's dataset-fashion-mnist at {FASHION}; make test installs it when run as root")
     assert os.path.isdir(FASHION), "make test installs Debian's dataset-fashion-mnist when run as root"
-    result = run_module("trainer.prepare", "--source", f"idx:{FASHION}", "--output", str(tmp_path / "fashion"),
-                        "--max-train-examples", "3000", "--max-test-examples", "500", "--class-names",
-                        "T-shirt/top,Trouser,Pullover,Dress,Coat,Sandal,Shirt,Sneaker,Bag,Ankle boot")
+    result = run_module(
+        "trainer.prepare",
+        "--source",
+        f"idx:{FASHION}",
+        "--output",
+        str(tmp_path / "fashion"),
+        "--max-train-examples",
+        "3000",
+        "--max-test-examples",
+        "500",
+        "--class-names",
+        "T-shirt/top,Trouser,Pullover,Dress,Coat,Sandal,Shirt,Sneaker,Bag,Ankle boot",
+    )
     assert result.returncode == 0, result.stderr
     meta = json.loads((tmp_path / "fashion" / "metadata.json").read_text())
     assert meta["splits"]["train"]["num_examples"] == 3000 and meta["splits"]["test"]["num_examples"] == 500

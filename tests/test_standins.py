@@ -1,5 +1,6 @@
 """The stand-ins, driven by the real clients over real sockets on loopback: the `kubernetes` client with its own
-in-cluster config loader over HTTPS, dnslib queries over UDP and TCP, and the project's `trainer.k8s` calls."""
+in-cluster config loader over HTTPS, dnslib queries over UDP and TCP, and the project's `trainer.k8s` calls.
+"""
 
 import json
 from types import SimpleNamespace
@@ -44,8 +45,9 @@ def cluster(files):
 def _client(files, port: int) -> client.ApiClient:
     """An ApiClient configured by kubernetes' own in-cluster loader from the generated files."""
     configuration = client.Configuration()
-    InClusterConfigLoader(token_filename=str(files.token_file), cert_filename=str(files.ca_file),
-                          environ=files.env(port)).load_and_set(configuration)
+    InClusterConfigLoader(
+        token_filename=str(files.token_file), cert_filename=str(files.ca_file), environ=files.env(port)
+    ).load_and_set(configuration)
     return client.ApiClient(configuration)
 
 
@@ -104,9 +106,13 @@ def test_incluster_client_creates_patches_lists_and_deletes(cluster, core):
         core.delete_namespaced_service(SVC0, NS)
     assert err.value.status == 404
     assert cluster.standin.calls == [Call("create", "services", NS, None)] * 3 + [
-        Call("patch", "pods", NS, "worker-0"), Call("get", "pods", NS, "worker-0")] + [
-        Call("list", "services", NS, None)] * 5 + [
-        Call("delete", "services", NS, SVC0), Call("get", "services", NS, SVC0), Call("delete", "services", NS, SVC0)]
+        Call("patch", "pods", NS, "worker-0"),
+        Call("get", "pods", NS, "worker-0"),
+    ] + [Call("list", "services", NS, None)] * 5 + [
+        Call("delete", "services", NS, SVC0),
+        Call("get", "services", NS, SVC0),
+        Call("delete", "services", NS, SVC0),
+    ]
 
 
 def test_a_wrong_token_gets_401_and_a_foreign_ca_fails_verification(files, cluster, tmp_path):
@@ -129,9 +135,13 @@ def test_a_wrong_token_gets_401_and_a_foreign_ca_fails_verification(files, clust
 def test_forbidden_namespace_gets_the_api_servers_403(cluster, core):
     with pytest.raises(ApiException) as err:
         core.patch_namespaced_pod("pod-1", "locked", {"metadata": {"labels": {"a": "b"}}})
-    assert _error(err) == (403, "Forbidden", 'pods "pod-1" is forbidden: User "system:serviceaccount:'
-                           'kubeflow-user-example-com:default-editor" cannot patch resource "pods" in API group "" '
-                           'in the namespace "locked"')
+    assert _error(err) == (
+        403,
+        "Forbidden",
+        'pods "pod-1" is forbidden: User "system:serviceaccount:'
+        'kubeflow-user-example-com:default-editor" cannot patch resource "pods" in API group "" '
+        'in the namespace "locked"',
+    )
     assert cluster.standin.items("pods") == {}
 
 
@@ -160,8 +170,13 @@ def test_dns_follows_service_selectors_and_pod_labels(cluster, core):
 
 def test_pods_in_any_state_their_events_and_readiness(cluster, core):
     standin = cluster.standin
-    standin.add_pod(NS, "worker-1", labels=k8s.pod_labels(RUN_ID, 1), phase="Pending", conditions=[
-        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": UNSCHEDULABLE}])
+    standin.add_pod(
+        NS,
+        "worker-1",
+        labels=k8s.pod_labels(RUN_ID, 1),
+        phase="Pending",
+        conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": UNSCHEDULABLE}],
+    )
     standin.add_event(NS, "worker-1", "FailedScheduling", UNSCHEDULABLE)
     standin.add_event(NS, "worker-0", "Scheduled", "Successfully assigned", "Normal")
     pod = core.read_namespaced_pod("worker-1", NS)
@@ -174,11 +189,17 @@ def test_pods_in_any_state_their_events_and_readiness(cluster, core):
 
     standin.add_pod(NS, "not-ready", labels={"app": "x"}, ip="127.0.0.2", ready=False)
     for name, publish in (("published", True), ("strict", False)):
-        core.create_namespaced_service(NS, {"metadata": {"name": name}, "spec": {
-            "clusterIP": "None", "publishNotReadyAddresses": publish, "selector": {"app": "x"}}})
+        core.create_namespaced_service(
+            NS,
+            {
+                "metadata": {"name": name},
+                "spec": {"clusterIP": "None", "publishNotReadyAddresses": publish, "selector": {"app": "x"}},
+            },
+        )
     assert standin.dns_records() == {f"published.{NS}.svc.cluster.local": ["127.0.0.2"]}
-    patched = core.patch_namespaced_pod("not-ready", NS, {"metadata": {"labels": {"extra": "1"}},
-                                                          "status": {"podIP": "127.0.0.9"}})
+    patched = core.patch_namespaced_pod(
+        "not-ready", NS, {"metadata": {"labels": {"extra": "1"}}, "status": {"podIP": "127.0.0.9"}}
+    )
     assert patched.status.pod_ip == "127.0.0.2", "a pod keeps the IP it has; status is not patched through the pod"
 
 
@@ -215,8 +236,12 @@ def test_custom_objects_round_trip_and_own_other_objects(files, cluster, core):
     api_client = _client(files, cluster.port)
     custom = client.CustomObjectsApi(api_client)
     where = ("argoproj.io", "v1alpha1", NS, "workflows")
-    workflow = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
-                "metadata": {"name": "run-1", "labels": {"a": "b"}}, "spec": {"entrypoint": "main"}}
+    workflow = {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"name": "run-1", "labels": {"a": "b"}},
+        "spec": {"entrypoint": "main"},
+    }
     created = custom.create_namespaced_custom_object(*where, workflow)
     assert custom.get_namespaced_custom_object(*where, "run-1") == created
     listed = custom.list_namespaced_custom_object(*where, label_selector="a=b")
@@ -226,13 +251,23 @@ def test_custom_objects_round_trip_and_own_other_objects(files, cluster, core):
     patched = custom.patch_namespaced_custom_object(*where, "run-1", {"metadata": {"annotations": {"x": "y"}}})
     assert (patched["metadata"]["labels"], patched["metadata"]["annotations"]) == ({"a": "b"}, {"x": "y"})
     with pytest.raises(ApiException) as err:  # custom resources take no strategic merge patch, as on a real server
-        api_client.call_api("/apis/argoproj.io/v1alpha1/namespaces/team-a/workflows/run-1", "PATCH",
-                            header_params={"Content-Type": "application/strategic-merge-patch+json"},
-                            body={"metadata": {}}, auth_settings=["BearerToken"], response_type="object")
+        api_client.call_api(
+            "/apis/argoproj.io/v1alpha1/namespaces/team-a/workflows/run-1",
+            "PATCH",
+            header_params={"Content-Type": "application/strategic-merge-patch+json"},
+            body={"metadata": {}},
+            auth_settings=["BearerToken"],
+            response_type="object",
+        )
     assert err.value.status == 415
 
-    owner = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "run-1",
-             "uid": created["metadata"]["uid"], "controller": True}
+    owner = {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "name": "run-1",
+        "uid": created["metadata"]["uid"],
+        "controller": True,
+    }
     service = {**k8s.service_manifest(RUN_ID, 0)}
     service["metadata"] = {**service["metadata"], "ownerReferences": [owner]}
     assert core.create_namespaced_service(NS, service).metadata.owner_references[0].uid == owner["uid"]
@@ -241,7 +276,14 @@ def test_custom_objects_round_trip_and_own_other_objects(files, cluster, core):
         custom.get_namespaced_custom_object(*where, "run-1")
     assert _error(err) == (404, "NotFound", 'workflows.argoproj.io "run-1" not found')
     assert [call.verb for call in cluster.standin.calls if call.resource == "workflows.argoproj.io"] == [
-        "create", "get", "list", "patch", "patch", "delete", "get"]
+        "create",
+        "get",
+        "list",
+        "patch",
+        "patch",
+        "delete",
+        "get",
+    ]
 
 
 def test_the_whole_stand_in_cluster_and_what_a_pod_gets(tmp_path):
@@ -253,10 +295,15 @@ def test_the_whole_stand_in_cluster_and_what_a_pod_gets(tmp_path):
         env = cluster.pod_env("train-worker-0")
         args = cluster.docker_args("train-worker-0")
         resolver = cluster.resolv_conf()
-    assert env == {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(cluster.https.port),
-                   "POD_NAME": "train-worker-0", "POD_NAMESPACE": NS}
-    assert resolver == (f"search {NS}.svc.cluster.local svc.cluster.local cluster.local\n"
-                        "nameserver 127.0.0.1\noptions ndots:5\n")
+    assert env == {
+        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+        "KUBERNETES_SERVICE_PORT": str(cluster.https.port),
+        "POD_NAME": "train-worker-0",
+        "POD_NAMESPACE": NS,
+    }
+    assert resolver == (
+        f"search {NS}.svc.cluster.local svc.cluster.local cluster.local\nnameserver 127.0.0.1\noptions ndots:5\n"
+    )
     pairs = list(zip(args[::2], args[1::2], strict=True))
     assert ("--dns", "127.0.0.1") in pairs and ("--dns-opt", "ndots:5") in pairs
     searched = [v for k, v in pairs if k == "--dns-search"]
@@ -283,9 +330,11 @@ def test_project_code_over_plain_http_makes_and_removes_dns_names(plain):
     for index in range(2):
         assert k8s.delete_service(api, NS, RUN_ID, index)
     assert standin.dns_records() == {}
-    assert standin.calls == [call for i, svc in enumerate((SVC0, SVC1)) for call in (
-        Call("create", "services", NS, None), Call("patch", "pods", NS, f"train-worker-{i}"))] + [
-        Call("delete", "services", NS, SVC0), Call("delete", "services", NS, SVC1)]
+    assert standin.calls == [
+        call
+        for i, svc in enumerate((SVC0, SVC1))
+        for call in (Call("create", "services", NS, None), Call("patch", "pods", NS, f"train-worker-{i}"))
+    ] + [Call("delete", "services", NS, SVC0), Call("delete", "services", NS, SVC1)]
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "deploy").glob("rbac-*.yaml")), ids=lambda p: p.name)
@@ -305,14 +354,17 @@ def test_the_shipped_role_is_enforced_and_is_enough(httpserver, path):
         k8s.label_own_pod(api, NS, "train-worker-0", RUN_ID, 0)
 
 
-@pytest.mark.parametrize(("selector", "labels", "matches"), [
-    ("a=1,b==2", {"a": "1", "b": "2"}, True),
-    ("a=1,b==2", {"a": "1"}, False),
-    ("a!=1", {}, True),
-    ("a in (1, 2),!c", {"a": "2"}, True),
-    ("a notin (1,2)", {"a": "2"}, False),
-    ("a", {"a": ""}, True),
-    ("", {"x": "y"}, True),
-])
+@pytest.mark.parametrize(
+    ("selector", "labels", "matches"),
+    [
+        ("a=1,b==2", {"a": "1", "b": "2"}, True),
+        ("a=1,b==2", {"a": "1"}, False),
+        ("a!=1", {}, True),
+        ("a in (1, 2),!c", {"a": "2"}, True),
+        ("a notin (1,2)", {"a": "2"}, False),
+        ("a", {"a": ""}, True),
+        ("", {"x": "y"}, True),
+    ],
+)
 def test_label_selectors(selector, labels, matches):
     assert label_matcher(selector)(labels) is matches

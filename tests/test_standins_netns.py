@@ -47,14 +47,21 @@ def pod():
 
 
 def _pod_env(**extra: str) -> dict[str, str]:
-    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1",
-            **extra}
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "PYTHONPATH": str(ROOT),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        **extra,
+    }
 
 
 def test_glibc_in_a_pod_resolves_a_service_name_through_the_search_path(pod):
     standin = KubeStandIn()
-    standin.add("services", "default", {"metadata": {"name": "tfw-x-0"},
-                                        "spec": {"clusterIP": "None", "selector": {"app": "x"}}})
+    standin.add(
+        "services",
+        "default",
+        {"metadata": {"name": "tfw-x-0"}, "spec": {"clusterIP": "None", "selector": {"app": "x"}}},
+    )
     standin.add_pod("default", "x-pod", labels={"app": "x"}, ip=pod.pod_ip)
     names = ["tfw-x-0.default.svc", "tfw-x-0", "tfw-x-0.default.svc.cluster.local", "tfw-x-1.default.svc"]
     with DnsServer(standin.dns_records, pod.host_ip, 53):
@@ -73,8 +80,12 @@ def test_a_pod_labels_itself_over_https_and_resolves_its_peers(pod, tmp_path):
         k8s.ensure_service(core, "default", RUN_ID, 1, 2222, None)
         standin.add_pod("default", "train-worker-1", labels=k8s.pod_labels(RUN_ID, 1), ip=pod.host_ip)
         env = _pod_env(**cluster.pod_env("train-worker-0"), POD_IP=pod.pod_ip)
-        joined = pod.run([sys.executable, "-c", JOIN, json.dumps(addresses), RUN_ID], env=env,
-                         serviceaccount=cluster.files.serviceaccount, timeout=60)
+        joined = pod.run(
+            [sys.executable, "-c", JOIN, json.dumps(addresses), RUN_ID],
+            env=env,
+            serviceaccount=cluster.files.serviceaccount,
+            timeout=60,
+        )
         hosts = [a.split(":")[0] for a in addresses]
         resolved = pod.run([sys.executable, "-c", RESOLVE, *hosts], env=env, timeout=30)
     assert joined.returncode == 0, joined.stderr

@@ -33,8 +33,10 @@ def _imports(path: Path, package: str) -> set[str]:
 
 def import_graph() -> dict[str, set[str]]:
     modules = dict(_modules())
-    return {name: {m for m in _imports(path, name.split(".")[0]) if m in modules and m != name}
-            for name, path in modules.items()}
+    return {
+        name: {m for m in _imports(path, name.split(".")[0]) if m in modules and m != name}
+        for name, path in modules.items()
+    }
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -46,7 +48,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == "open":
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         state[node] = "done"
@@ -74,6 +76,10 @@ def test_the_trainer_never_imports_kfp():
 
 def test_no_module_is_longer_than_a_reader_can_hold():
     roots = [ROOT / p for p in (*PACKAGES, "tests", "tests/standins", "bench", "deploy", "data")]
-    long = {str(p.relative_to(ROOT)): n for root in roots for p in root.glob("*.py")
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    long = {
+        str(p.relative_to(ROOT)): n
+        for root in roots
+        for p in root.glob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
     assert long == {}

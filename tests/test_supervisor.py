@@ -48,9 +48,14 @@ def _alive(pid):
 def _stuck_worker(sample_data, tmp_path, *extra):
     ports = free_ports(2)
     tf_config = build_tf_config([f"localhost:{p}" for p in ports], "worker", 0)
-    return subprocess.Popen([sys.executable, "-m", "trainer.train", "--data", sample_data, "--model-dir",
-                             str(tmp_path / "model"), *extra], cwd=ROOT, env=_env(TF_CONFIG=json.dumps(tf_config)),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), ports
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainer.train", "--data", sample_data, "--model-dir", str(tmp_path / "model"), *extra],
+        cwd=ROOT,
+        env=_env(TF_CONFIG=json.dumps(tf_config)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ), ports
 
 
 @pytest.mark.slow
@@ -82,8 +87,10 @@ def test_the_watchdog_names_the_peer_that_never_came_and_exits_137(sample_data, 
     code = proc.wait(timeout=120)
     stderr = proc.stderr.read()
     assert code == 137
-    assert f"error: worker 0: cluster start-up did not finish within 8s; unreachable: worker 1 at localhost:{ports[1]} " \
-           "(Connection refused)" in stderr
+    assert (
+        f"error: worker 0: cluster start-up did not finish within 8s; unreachable: worker 1 at localhost:{ports[1]} "
+        "(Connection refused)" in stderr
+    )
     assert time.monotonic() - started < 60
     assert not (tmp_path / "model").exists()
 
@@ -91,9 +98,27 @@ def test_the_watchdog_names_the_peer_that_never_came_and_exits_137(sample_data, 
 @pytest.mark.slow
 def test_bad_input_is_never_restarted(tmp_path):
     """A dataset that does not exist is exit 2, once, even with restarts allowed."""
-    result = subprocess.run([sys.executable, "-m", "trainer.launch", "--workers", "2", "--max-restarts", "3", "--",
-                             "--data", str(tmp_path / "nowhere"), "--model-dir", str(tmp_path / "model")],
-                            cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=180)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer.launch",
+            "--workers",
+            "2",
+            "--max-restarts",
+            "3",
+            "--",
+            "--data",
+            str(tmp_path / "nowhere"),
+            "--model-dir",
+            str(tmp_path / "model"),
+        ],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
     assert "restart" not in result.stdout + result.stderr
     lines = [line for line in result.stdout.splitlines() if "has no metadata.json" in line]
@@ -110,8 +135,11 @@ def test_control_channels_say_when_a_peer_failed_and_hold_the_next_start_until_o
         b.set(0, "failed")
         assert a.failed_peer(0) == f"localhost:{ports[1]}", "a's training process is stopped to restart together"
         assert a.first_generation() == 1, "a supervisor that comes back joins the next generation"
-        with pytest.raises(StartupTimeoutError, match=rf"restart 1: peers did not stop their previous attempt within "
-                                                      rf"1s: localhost:{ports[0]}"):
+        with pytest.raises(
+            StartupTimeoutError,
+            match=rf"restart 1: peers did not stop their previous attempt within "
+            rf"1s: localhost:{ports[0]}",
+        ):
             b.barrier(1, timeout=1)
         a.set(0, "failed")
         b.barrier(1, timeout=5)

@@ -18,8 +18,19 @@ from trainer.launch import free_ports
 def _launch(workers, sample_data, model_dir, tmp_path, *extra):
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    result = run_module("trainer.launch", "--workers", str(workers), "--", "--data", sample_data,
-                        "--model-dir", str(model_dir), *extra, env={"TMPDIR": str(scratch)}, timeout=400)
+    result = run_module(
+        "trainer.launch",
+        "--workers",
+        str(workers),
+        "--",
+        "--data",
+        sample_data,
+        "--model-dir",
+        str(model_dir),
+        *extra,
+        env={"TMPDIR": str(scratch)},
+        timeout=400,
+    )
     return result, scratch
 
 
@@ -73,11 +84,27 @@ def test_one_process_without_tf_config(sample_data, tmp_path):
 def test_launcher_stops_the_others_when_one_fails(sample_data, tmp_path):
     """A bad flag: the first worker to fail exits 2 at once and the launcher stops the other instead of waiting."""
     start = time.monotonic()
-    result = run_module("trainer.launch", "--workers", "2", "--grace", "3", "--", "--data", sample_data,
-                        "--model-dir", str(tmp_path / "model"), "--epochs", "0", timeout=120)
+    result = run_module(
+        "trainer.launch",
+        "--workers",
+        "2",
+        "--grace",
+        "3",
+        "--",
+        "--data",
+        sample_data,
+        "--model-dir",
+        str(tmp_path / "model"),
+        "--epochs",
+        "0",
+        timeout=120,
+    )
     assert result.returncode == 2
-    assert re.search(r"error: worker \d failed with exit code 2: .*epochs 0 is not allowed; allowed: an integer from 1 to "
-                     r"100000", result.stderr)
+    assert re.search(
+        r"error: worker \d failed with exit code 2: .*epochs 0 is not allowed; allowed: an integer from 1 to "
+        r"100000",
+        result.stderr,
+    )
     assert time.monotonic() - start < 60
     assert not (tmp_path / "model").exists()
 
@@ -104,5 +131,12 @@ def test_metrics_from_known_predictions():
     assert metrics["accuracy"] == 0.75
     assert metrics["confusion_matrix"] == [[1, 0, 0], [0, 1, 0], [0, 1, 1]]
     assert metrics["loss"] == pytest.approx(-np.mean(np.log([0.9, 0.7, 0.3, 0.8])), abs=1e-6)
-    assert metrics["per_class"][1] == {"class": 1, "name": "b", "precision": 0.5, "recall": 1.0, "f1": 0.666667, "support": 1}
+    assert metrics["per_class"][1] == {
+        "class": 1,
+        "name": "b",
+        "precision": 0.5,
+        "recall": 1.0,
+        "f1": 0.666667,
+        "support": 1,
+    }
     assert metrics["per_class"][2]["recall"] == 0.5 and metrics["per_class"][2]["precision"] == 1.0

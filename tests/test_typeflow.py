@@ -13,8 +13,14 @@ from pipelines.cli import compile_pipeline
 from pipelines.factories import FACTORIES
 
 IMAGE = "registry.example.com/team/kfp-tf-multiworker:9.9.9"
-CONSTANT_TYPES = {str: "STRING", bool: "BOOLEAN", int: "NUMBER_INTEGER", float: "NUMBER_DOUBLE", list: "LIST",
-                  dict: "STRUCT"}
+CONSTANT_TYPES = {
+    str: "STRING",
+    bool: "BOOLEAN",
+    int: "NUMBER_INTEGER",
+    float: "NUMBER_DOUBLE",
+    list: "LIST",
+    dict: "STRUCT",
+}
 
 
 @pytest.fixture(scope="module", params=list(FACTORIES))
@@ -56,8 +62,15 @@ def type_flow(spec):
             for name, source in task.get("inputs", {}).get("parameters", {}).items():
                 if "taskFinalStatus" in source:
                     continue
-                flows.append((dag_name, task_name, name, _source_type(source, dag_component, tasks, components),
-                              declared[name]["parameterType"]))
+                flows.append(
+                    (
+                        dag_name,
+                        task_name,
+                        name,
+                        _source_type(source, dag_component, tasks, components),
+                        declared[name]["parameterType"],
+                    )
+                )
             iterator = task.get("parameterIterator")
             if iterator:
                 loop_inputs = components[task["componentRef"]["name"]]["inputDefinitions"]["parameters"]
@@ -70,7 +83,9 @@ def type_flow(spec):
 
 def test_every_task_input_receives_exactly_the_type_its_component_declares(spec):
     flows = type_flow(spec)
-    mismatches = [f"{dag}/{task}.{name}: receives {got}, declares {want}" for dag, task, name, got, want in flows if got != want]
+    mismatches = [
+        f"{dag}/{task}.{name}: receives {got}, declares {want}" for dag, task, name, got, want in flows if got != want
+    ]
     assert not mismatches, "\n".join(mismatches)
     reached = {task for _, task, _, _, _ in flows}
     assert {"publish-model", "evaluate"} <= reached and reached & {"train-worker", "train-server"}, "nested DAGs too"

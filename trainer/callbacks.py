@@ -29,7 +29,9 @@ class ResumeEpoch:
                 epoch, _ = self.model._maybe_load_initial_counters_from_ckpt(steps, 0)
                 variable.assign(int(epoch))
                 if epoch:
-                    log.info("resuming from the checkpoint: epochs 1-%d are done, continuing with epoch %d", epoch, epoch + 1)
+                    log.info(
+                        "resuming from the checkpoint: epochs 1-%d are done, continuing with epoch %d", epoch, epoch + 1
+                    )
 
         self.callback = _Callback()
 
@@ -52,8 +54,12 @@ class ThroughputHistory:
             def on_epoch_end(self, epoch, logs=None):
                 now = time.perf_counter()
                 seconds = now - outer._start
-                entry = {"epoch": epoch + 1, "seconds": round(seconds, 3), "elapsed": round(now - outer._fit_start, 3),
-                         "examples_per_second": round(examples_per_epoch / seconds, 1)}
+                entry = {
+                    "epoch": epoch + 1,
+                    "seconds": round(seconds, 3),
+                    "elapsed": round(now - outer._fit_start, 3),
+                    "examples_per_second": round(examples_per_epoch / seconds, 1),
+                }
                 entry.update({k: float(v) for k, v in (logs or {}).items()})
                 outer.epochs.append(entry)
                 log.info("epoch %d: %s", epoch + 1, json.dumps(entry))

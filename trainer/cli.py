@@ -12,7 +12,15 @@ import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from trainer.errors import EXIT_FAILED, PeerUnavailableError, ServiceError, StartupTimeoutError, TaskFailedError, UsageError, exit_code
+from trainer.errors import (
+    EXIT_FAILED,
+    PeerUnavailableError,
+    ServiceError,
+    StartupTimeoutError,
+    TaskFailedError,
+    UsageError,
+    exit_code,
+)
 
 T = TypeVar("T")
 _KNOWN = (UsageError, PeerUnavailableError, StartupTimeoutError, ServiceError)
@@ -32,7 +40,9 @@ class _StderrHandler(logging.StreamHandler):
 
 def setup_logging(prefix: str = "") -> None:
     handler = _StderrHandler()
-    handler.setFormatter(logging.Formatter(f"%(asctime)s {prefix}%(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"))
+    handler.setFormatter(
+        logging.Formatter(f"%(asctime)s {prefix}%(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    )
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
     logging.getLogger("tensorflow").setLevel(logging.WARNING)
 

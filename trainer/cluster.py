@@ -16,7 +16,9 @@ from typing import Any
 from trainer.errors import UsageError
 
 TASK_TYPES = ("chief", "worker", "ps", "evaluator")
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+_HOSTNAME = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+)
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -55,7 +57,11 @@ def assign_addresses(addresses: Sequence[str], num_workers: int, num_ps: int = 0
     """A cluster spec from addresses listed in `task_order`: without ps all are workers, else chief, workers, ps."""
     if not num_ps:
         return {"worker": list(addresses[:num_workers])}
-    return {"chief": list(addresses[:1]), "worker": list(addresses[1:num_workers + 1]), "ps": list(addresses[num_workers + 1:num_workers + 1 + num_ps])}
+    return {
+        "chief": list(addresses[:1]),
+        "worker": list(addresses[1 : num_workers + 1]),
+        "ps": list(addresses[num_workers + 1 : num_workers + 1 + num_ps]),
+    }
 
 
 def task_order(cluster: Mapping[str, Sequence[str]]) -> list[str]:
@@ -81,7 +87,9 @@ def validate_cluster(cluster: Mapping[str, Sequence[str]]) -> dict[str, list[str
         for address in addresses:
             split_address(address)
             if address in seen:
-                raise UsageError(f"address {address!r} appears twice (in {seen[address]!r} and {job!r}); each task needs its own")
+                raise UsageError(
+                    f"address {address!r} appears twice (in {seen[address]!r} and {job!r}); each task needs its own"
+                )
             seen[address] = job
         checked[job] = list(addresses)
     if not seen:
@@ -91,7 +99,9 @@ def validate_cluster(cluster: Mapping[str, Sequence[str]]) -> dict[str, list[str
     return checked
 
 
-def build_tf_config(cluster: Mapping[str, Sequence[str]] | Sequence[str], task_type: str, task_index: int) -> dict[str, Any]:
+def build_tf_config(
+    cluster: Mapping[str, Sequence[str]] | Sequence[str], task_type: str, task_index: int
+) -> dict[str, Any]:
     """Returns the TF_CONFIG dict for one task.
 
     Args:
@@ -180,4 +190,5 @@ def cluster_resolver(tf_config: dict[str, Any]) -> Any:
 
     task = tf_config["task"]
     return tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(tf_config["cluster"]), task_type=task["type"], task_id=task["index"], rpc_layer="grpc")
+        tf.train.ClusterSpec(tf_config["cluster"]), task_type=task["type"], task_id=task["index"], rpc_layer="grpc"
+    )

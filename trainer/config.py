@@ -110,18 +110,27 @@ class _Checked:
 class DataConfig(_Checked):
     """Which data, how much of it, and how it is read."""
 
-    source: str = setting("tfds:mnist", "where the data comes from: 'sample' (the MNIST digits shipped in the image), "
-                          "'idx:DIR_OR_URI' (MNIST-format IDX files at a local path or a tf.io.gfile URI), or a TFDS "
-                          "name such as 'mnist' or 'tfds:fashion_mnist'", check=Check(is_source, SOURCE_FORMS))
+    source: str = setting(
+        "tfds:mnist",
+        "where the data comes from: 'sample' (the MNIST digits shipped in the image), "
+        "'idx:DIR_OR_URI' (MNIST-format IDX files at a local path or a tf.io.gfile URI), or a TFDS "
+        "name such as 'mnist' or 'tfds:fashion_mnist'",
+        check=Check(is_source, SOURCE_FORMS),
+    )
     max_train_examples: int = setting(0, "keep only the first N training examples; 0 keeps all", check=at_least(0))
     max_test_examples: int = setting(0, "keep only the first N test examples; 0 keeps all", check=at_least(0))
-    num_shards: int = setting(4, "TFRecord shards of the training split; a multiple of the worker count lets each "
-                              "worker read whole files", check=int_between(1, 1024))
+    num_shards: int = setting(
+        4,
+        "TFRecord shards of the training split; a multiple of the worker count lets each worker read whole files",
+        check=int_between(1, 1024),
+    )
     class_names: str = setting("", "comma-separated class names for IDX data; empty: 0, 1, ...", check=text())
-    tfds_data_dir: str = setting("", "TFDS data_dir holding (or to receive) prepared TFDS datasets; empty: TFDS's own",
-                                 check=text())
-    network_timeout: float = setting(5.0, "seconds to wait for a TFDS download host before failing",
-                                     check=number_between(0.1, 600))
+    tfds_data_dir: str = setting(
+        "", "TFDS data_dir holding (or to receive) prepared TFDS datasets; empty: TFDS's own", check=text()
+    )
+    network_timeout: float = setting(
+        5.0, "seconds to wait for a TFDS download host before failing", check=number_between(0.1, 600)
+    )
     shuffle_buffer: int = setting(10_000, "examples in the training shuffle buffer", check=at_least(1))
     seed: int = setting(42, "seed of the weights, the shuffles and dropout", check=at_least(0))
 
@@ -131,46 +140,87 @@ class OptimConfig(_Checked):
     """How long and how fast to train."""
 
     epochs: int = setting(12, "passes over the training data", check=int_between(1, 100_000))
-    batch_size: int = setting(64, "examples per worker per step; the global batch is this times the number of workers",
-                              check=int_between(1, 65_536))
-    learning_rate: float = setting(0.002, "peak Adam learning rate for one worker, scaled by sqrt(workers), "
-                                   "cosine-decayed to 5% over the run", check=number_between(1e-9, 10))
+    batch_size: int = setting(
+        64,
+        "examples per worker per step; the global batch is this times the number of workers",
+        check=int_between(1, 65_536),
+    )
+    learning_rate: float = setting(
+        0.002,
+        "peak Adam learning rate for one worker, scaled by sqrt(workers), cosine-decayed to 5% over the run",
+        check=number_between(1e-9, 10),
+    )
     steps_per_epoch: int = setting(0, "steps per epoch; 0: training examples // global batch", check=at_least(0))
-    steps_per_execution: int = setting(32, "training steps per call of the compiled step function (fewer Python "
-                                       "round trips and per-call synchronisations between workers)",
-                                       check=int_between(1, 10_000))
-    validate: bool = setting(False, "evaluate on the test split after every epoch (val_loss, val_accuracy in the "
-                             "history)", check=FLAG)
+    steps_per_execution: int = setting(
+        32,
+        "training steps per call of the compiled step function (fewer Python "
+        "round trips and per-call synchronisations between workers)",
+        check=int_between(1, 10_000),
+    )
+    validate: bool = setting(
+        False, "evaluate on the test split after every epoch (val_loss, val_accuracy in the history)", check=FLAG
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class ClusterConfig(_Checked):
     """The cluster's shape, how its members find each other, and how long they wait for each other."""
 
-    strategy: str = setting("multi_worker_mirrored", "multi_worker_mirrored (N identical workers, synchronous "
-                            "all-reduce) or parameter_server (a chief, parameter servers and workers)",
-                            check=one_of(*STRATEGIES))
-    num_workers: int = setting(2, "training workers; all of them must run at the same time",
-                               check=int_between(1, MAX_WORKERS))
+    strategy: str = setting(
+        "multi_worker_mirrored",
+        "multi_worker_mirrored (N identical workers, synchronous "
+        "all-reduce) or parameter_server (a chief, parameter servers and workers)",
+        check=one_of(*STRATEGIES),
+    )
+    num_workers: int = setting(
+        2, "training workers; all of them must run at the same time", check=int_between(1, MAX_WORKERS)
+    )
     num_ps: int = setting(1, "parameter servers (parameter_server strategy only)", check=int_between(1, MAX_WORKERS))
-    cluster_mode: str = setting("kubernetes", "'kubernetes': one headless Service per worker, found by DNS; "
-                                "'local': free loopback ports (kfp.local runs)", check=one_of(*CLUSTER_MODES))
-    port: int = setting(2222, "the TF gRPC port each worker listens on in kubernetes mode; its supervisor's control "
-                        "channel uses the next one", check=int_between(1, 65534))
-    startup_timeout: float = setting(120.0, "seconds to wait for every peer to join before failing with the missing "
-                                     "peers' names", check=number_between(1, 86_400))
-    unschedulable_timeout: float = setting(120.0, "kubernetes mode: fail the start-up early, naming the pod and the "
-                                           "scheduler's reason, when a pod of the run has been unschedulable this "
-                                           "many seconds", check=number_between(1, 86_400))
-    collective_timeout: float = setting(0.0, "seconds before one collective op fails; 0: none (a lost peer is still "
-                                        "detected by heartbeats in about 10 s, and TF 2.21 leaks a thread per "
-                                        "collective op when this is set)", check=number_between(0, 86_400))
-    chief_timeout: float = setting(60.0, "parameter_server: a parameter server or worker exits when the chief's "
-                                   "heartbeat is older than this many seconds", check=number_between(1, 86_400))
-    max_restarts: int = setting(0, "restart the training process in place up to N times after a retryable failure "
-                                "(a lost peer, a start-up timeout); it resumes from its last finished epoch",
-                                check=int_between(0, 100))
-    pack_bytes: int = setting(0, "all-reduce gradient packing: bytes per pack; 0: TensorFlow decides", check=at_least(0))
+    cluster_mode: str = setting(
+        "kubernetes",
+        "'kubernetes': one headless Service per worker, found by DNS; 'local': free loopback ports (kfp.local runs)",
+        check=one_of(*CLUSTER_MODES),
+    )
+    port: int = setting(
+        2222,
+        "the TF gRPC port each worker listens on in kubernetes mode; its supervisor's control "
+        "channel uses the next one",
+        check=int_between(1, 65534),
+    )
+    startup_timeout: float = setting(
+        120.0,
+        "seconds to wait for every peer to join before failing with the missing peers' names",
+        check=number_between(1, 86_400),
+    )
+    unschedulable_timeout: float = setting(
+        120.0,
+        "kubernetes mode: fail the start-up early, naming the pod and the "
+        "scheduler's reason, when a pod of the run has been unschedulable this "
+        "many seconds",
+        check=number_between(1, 86_400),
+    )
+    collective_timeout: float = setting(
+        0.0,
+        "seconds before one collective op fails; 0: none (a lost peer is still "
+        "detected by heartbeats in about 10 s, and TF 2.21 leaks a thread per "
+        "collective op when this is set)",
+        check=number_between(0, 86_400),
+    )
+    chief_timeout: float = setting(
+        60.0,
+        "parameter_server: a parameter server or worker exits when the chief's "
+        "heartbeat is older than this many seconds",
+        check=number_between(1, 86_400),
+    )
+    max_restarts: int = setting(
+        0,
+        "restart the training process in place up to N times after a retryable failure "
+        "(a lost peer, a start-up timeout); it resumes from its last finished epoch",
+        check=int_between(0, 100),
+    )
+    pack_bytes: int = setting(
+        0, "all-reduce gradient packing: bytes per pack; 0: TensorFlow decides", check=at_least(0)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,14 +228,27 @@ class RuntimeConfig(_Checked):
     """Where this process reads and writes, and which run it belongs to."""
 
     data_dir: str = setting(help="prepared dataset directory (from trainer-prepare)", check=non_empty(), flag="--data")
-    model_dir: str = setting(help="where the chief writes saved_model/, model.keras and history.json",
-                             check=non_empty())
-    checkpoint_dir: str = setting("", "BackupAndRestore directory shared by all workers, so a restarted worker "
-                                  "resumes; empty: MODEL_DIR.backup beside the model", check=text())
-    status_uri: str = setting("", "parameter_server: the chief's status document that parameter servers and workers "
-                              "poll; empty: MODEL_DIR.status.json", check=text())
-    run_id: str = setting("", "the pipeline run's id: it names the run's Kubernetes Services and is recorded in the "
-                          "model's history for lineage", check=text())
+    model_dir: str = setting(
+        help="where the chief writes saved_model/, model.keras and history.json", check=non_empty()
+    )
+    checkpoint_dir: str = setting(
+        "",
+        "BackupAndRestore directory shared by all workers, so a restarted worker "
+        "resumes; empty: MODEL_DIR.backup beside the model",
+        check=text(),
+    )
+    status_uri: str = setting(
+        "",
+        "parameter_server: the chief's status document that parameter servers and workers "
+        "poll; empty: MODEL_DIR.status.json",
+        check=text(),
+    )
+    run_id: str = setting(
+        "",
+        "the pipeline run's id: it names the run's Kubernetes Services and is recorded in the "
+        "model's history for lineage",
+        check=text(),
+    )
     threads: int = setting(0, "intra-op threads; 0: TensorFlow decides", check=int_between(0, 1024))
 
 
@@ -193,10 +256,15 @@ class RuntimeConfig(_Checked):
 class PublishConfig(_Checked):
     """The quality gate and where a model that passes it is published."""
 
-    min_accuracy: float = setting(0.95, "the quality gate: a model below this test accuracy is not published",
-                                  check=number_between(0, 1))
-    publish_uri: str = setting("", "where a model that passes the gate is published, in versioned directories with "
-                               "latest.json; empty: not published", check=text())
+    min_accuracy: float = setting(
+        0.95, "the quality gate: a model below this test accuracy is not published", check=number_between(0, 1)
+    )
+    publish_uri: str = setting(
+        "",
+        "where a model that passes the gate is published, in versioned directories with "
+        "latest.json; empty: not published",
+        check=text(),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,8 +291,13 @@ class TrainConfig:
         return dataclasses.replace(self, **{g: dataclasses.replace(getattr(self, g), **v) for g, v in groups.items()})
 
 
-GROUPS: dict[str, type] = {"runtime": RuntimeConfig, "data": DataConfig, "optim": OptimConfig, "cluster": ClusterConfig,
-                           "publish": PublishConfig}
+GROUPS: dict[str, type] = {
+    "runtime": RuntimeConfig,
+    "data": DataConfig,
+    "optim": OptimConfig,
+    "cluster": ClusterConfig,
+    "publish": PublishConfig,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,11 +309,17 @@ class Override:
 
 
 PIPELINE_OVERRIDES: dict[str, Override] = {
-    "startup_timeout": Override(600.0, "on a cluster every worker waits for the slowest pod to be scheduled and to pull "
-                                "the 2.7 GB image, which takes minutes on a fresh node"),
-    "max_restarts": Override(2, "pods see transient peer losses (node drains, preemption, network blips) that a "
-                             "restart in place survives; KFP's own retry does not reach tasks inside a ParallelFor on "
-                             "every backend version and restarts the whole pod"),
+    "startup_timeout": Override(
+        600.0,
+        "on a cluster every worker waits for the slowest pod to be scheduled and to pull "
+        "the 2.7 GB image, which takes minutes on a fresh node",
+    ),
+    "max_restarts": Override(
+        2,
+        "pods see transient peer losses (node drains, preemption, network blips) that a "
+        "restart in place survives; KFP's own retry does not reach tasks inside a ParallelFor on "
+        "every backend version and restarts the whole pod",
+    ),
 }
 
 

@@ -44,8 +44,16 @@ def resolved(host: str) -> set[str]:
         return set()
 
 
-def join_cluster(spec: dict[str, list[str]], job: str, index: int, run_id: str, timeout: float,
-                 unschedulable_timeout: float, api: Any = None, resolve: Callable[[str], set[str]] = resolved) -> int:
+def join_cluster(
+    spec: dict[str, list[str]],
+    job: str,
+    index: int,
+    run_id: str,
+    timeout: float,
+    unschedulable_timeout: float,
+    api: Any = None,
+    resolve: Callable[[str], set[str]] = resolved,
+) -> int:
     """In a pod: create this task's Service, label the pod for it, and wait until the cluster's names resolve.
 
     Returns:
@@ -68,7 +76,8 @@ def join_cluster(spec: dict[str, list[str]], job: str, index: int, run_id: str, 
 
 def leave_cluster(run_id: str, position: int, api: Any = None) -> None:
     """Deletes this task's Service when its step ends; a failure to do so is logged, not raised (the run's
-    Workflow owns the Service and removes it with the run)."""
+    Workflow owns the Service and removes it with the run).
+    """
     from trainer.errors import KubernetesError
 
     try:
@@ -77,21 +86,38 @@ def leave_cluster(run_id: str, position: int, api: Any = None) -> None:
         log.warning("could not delete this task's Service: %s", err)
 
 
-def wait_for_names(api: Any, namespace: str, run_id: str, tasks: Sequence[tuple[str, str]], position: int, ip: str,
-                   timeout: float, unschedulable_timeout: float, resolve: Callable[[str], set[str]] = resolved) -> None:
+def wait_for_names(
+    api: Any,
+    namespace: str,
+    run_id: str,
+    tasks: Sequence[tuple[str, str]],
+    position: int,
+    ip: str,
+    timeout: float,
+    unschedulable_timeout: float,
+    resolve: Callable[[str], set[str]] = resolved,
+) -> None:
     """Waits until this task's name resolves to `ip` and every peer's name resolves (see the module docstring)."""
     started = time.monotonic()
     while True:
-        missing = [i for i, (_, address) in enumerate(tasks)
-                   if not _ready(resolve(split_address(address)[0]), ip if i == position else None)]
+        missing = [
+            i
+            for i, (_, address) in enumerate(tasks)
+            if not _ready(resolve(split_address(address)[0]), ip if i == position else None)
+        ]
         if not missing:
             return
         stuck = unschedulable_pods(api, namespace, run_id, unschedulable_timeout)
         waited = time.monotonic() - started
         if stuck or waited >= timeout:
-            what = f"pods of this run unschedulable for more than {unschedulable_timeout:g}s" if stuck else \
-                f"names did not resolve within {timeout:g}s"
-            raise StartupTimeoutError(f"cluster start-up failed, {what}: {describe_missing(api, namespace, run_id, tasks, missing, position, ip)}")
+            what = (
+                f"pods of this run unschedulable for more than {unschedulable_timeout:g}s"
+                if stuck
+                else f"names did not resolve within {timeout:g}s"
+            )
+            raise StartupTimeoutError(
+                f"cluster start-up failed, {what}: {describe_missing(api, namespace, run_id, tasks, missing, position, ip)}"
+            )
         time.sleep(POLL_SECONDS)
 
 
@@ -126,8 +152,13 @@ def unschedulable_pods(api: Any, namespace: str, run_id: str, longer_than: float
     found = []
     for pod in _pods(api, namespace, f"{k8s.KFP_RUN_LABEL}={run_id}") or []:
         condition = _scheduled_condition(pod)
-        if pod.status.phase == "Pending" and condition and condition.status == "False" and \
-                condition.reason == "Unschedulable" and _age(condition.last_transition_time) > longer_than:
+        if (
+            pod.status.phase == "Pending"
+            and condition
+            and condition.status == "False"
+            and condition.reason == "Unschedulable"
+            and _age(condition.last_transition_time) > longer_than
+        ):
             found.append(f"{pod.metadata.name}: Pending: {' '.join((condition.message or 'Unschedulable').split())}")
     return found
 
@@ -140,10 +171,18 @@ def _pod_state(pod: Any) -> str:
     return f"{pod.status.phase}" + (f" ({', '.join(waiting)})" if waiting else "")
 
 
-def describe_missing(api: Any, namespace: str, run_id: str, tasks: Sequence[tuple[str, str]], missing: Sequence[int],
-                     position: int, ip: str) -> str:
+def describe_missing(
+    api: Any,
+    namespace: str,
+    run_id: str,
+    tasks: Sequence[tuple[str, str]],
+    missing: Sequence[int],
+    position: int,
+    ip: str,
+) -> str:
     """One clause per missing name: the task, its address, its pod (or "no pod yet") and the pod's phase and reason,
-    then the run's pods that are not running."""
+    then the run's pods that are not running.
+    """
     joined = {p.metadata.labels.get(k8s.INDEX_LABEL): p for p in _pods(api, namespace, k8s.selector(run_id)) or []}
     clauses = []
     for i in missing:
@@ -152,10 +191,14 @@ def describe_missing(api: Any, namespace: str, run_id: str, tasks: Sequence[tupl
             clauses.append(f"{name} (this pod) at {address}: the name does not resolve to this pod's IP {ip} yet")
         elif str(i) in joined:
             pod = joined[str(i)]
-            clauses.append(f"{name} at {address}: pod {pod.metadata.name} {_pod_state(pod)}, the name does not resolve yet")
+            clauses.append(
+                f"{name} at {address}: pod {pod.metadata.name} {_pod_state(pod)}, the name does not resolve yet"
+            )
         else:
             clauses.append(f"{name} at {address}: no pod has joined yet")
     others = [p for p in _pods(api, namespace, f"{k8s.KFP_RUN_LABEL}={run_id}") or [] if p.status.phase == "Pending"]
     if others:
-        clauses.append("pods of this run not running: " + "; ".join(f"{p.metadata.name} {_pod_state(p)}" for p in others))
+        clauses.append(
+            "pods of this run not running: " + "; ".join(f"{p.metadata.name} {_pod_state(p)}" for p in others)
+        )
     return "; ".join(clauses)

@@ -1,6 +1,6 @@
 """Evaluation of an exported SavedModel (not the Python model code) on the held-out split.
 
-    trainer-evaluate --model-dir /tmp/model --data /tmp/mnist --output /tmp/metrics.json
+trainer-evaluate --model-dir /tmp/model --data /tmp/mnist --output /tmp/metrics.json
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ def saved_model_path(model_dir: str) -> str:
     for candidate in (f"{model_dir.rstrip('/')}/{SAVED_MODEL_DIR}", model_dir):
         if exists(f"{candidate}/saved_model.pb"):
             return candidate
-    raise UsageError(f"model directory {model_dir!r} holds no SavedModel (looked for saved_model.pb in it and in {SAVED_MODEL_DIR}/)")
+    raise UsageError(
+        f"model directory {model_dir!r} holds no SavedModel (looked for saved_model.pb in it and in {SAVED_MODEL_DIR}/)"
+    )
 
 
 def predict(model_dir: str, images: np.ndarray, batch_size: int = 1024) -> np.ndarray:
@@ -39,7 +41,10 @@ def predict(model_dir: str, images: np.ndarray, batch_size: int = 1024) -> np.nd
     spec = serve.structured_input_signature[1]["images"]
     if len(spec.shape) == 3:
         images = images[..., 0]
-    out = [serve(images=tf.constant(images[i:i + batch_size]))["probabilities"].numpy() for i in range(0, len(images), batch_size)]
+    out = [
+        serve(images=tf.constant(images[i : i + batch_size]))["probabilities"].numpy()
+        for i in range(0, len(images), batch_size)
+    ]
     return np.concatenate(out)
 
 
@@ -59,8 +64,16 @@ def compute_metrics(probabilities: np.ndarray, labels: np.ndarray, class_names: 
         precision = tp / predicted_k if predicted_k else 0.0
         recall = tp / support if support else 0.0
         f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-        per_class.append({"class": k, "name": name, "precision": round(precision, 6), "recall": round(recall, 6),
-                          "f1": round(f1, 6), "support": support})
+        per_class.append(
+            {
+                "class": k,
+                "name": name,
+                "precision": round(precision, 6),
+                "recall": round(recall, 6),
+                "f1": round(f1, 6),
+                "support": support,
+            }
+        )
     accuracy = float(np.trace(confusion) / max(1, len(labels)))
     if not math.isfinite(loss):
         loss = float("nan")
@@ -83,12 +96,16 @@ def run(model_dir: str, data_dir: str, output: str | None = None, split: str = "
     metrics["split"] = split
     if output:
         write_json(output, metrics)
-    log.info("test accuracy %.4f, loss %.4f on %d examples", metrics["accuracy"], metrics["loss"], metrics["num_examples"])
+    log.info(
+        "test accuracy %.4f, loss %.4f on %d examples", metrics["accuracy"], metrics["loss"], metrics["num_examples"]
+    )
     return metrics
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="trainer-evaluate", description="Evaluate an exported SavedModel on a prepared dataset's held-out split.")
+    p = Parser(
+        prog="trainer-evaluate", description="Evaluate an exported SavedModel on a prepared dataset's held-out split."
+    )
     p.add_argument("--model-dir", required=True, help="directory the trainer wrote (or a SavedModel directory)")
     p.add_argument("--data", required=True, help="prepared dataset directory")
     p.add_argument("--output", default=None, help="metrics JSON path (written atomically)")

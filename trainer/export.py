@@ -37,7 +37,8 @@ def save_model(model: Any, image_shape: tuple[int, int, int], model_dir: str, hi
 
 def save_and_discard(model: Any, image_shape: tuple[int, int, int], history: dict[str, Any]) -> None:
     """A non-chief worker's part of the export: under MultiWorkerMirroredStrategy every worker must take part in
-    saving (it runs collective ops), but only the chief keeps the result."""
+    saving (it runs collective ops), but only the chief keeps the result.
+    """
     scratch = tempfile.mkdtemp(prefix="trainer-worker-")
     try:
         _save(model, image_shape, scratch, history)
@@ -45,8 +46,15 @@ def save_and_discard(model: Any, image_shape: tuple[int, int, int], history: dic
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def history_record(config: TrainConfig, meta: dict[str, Any], epochs: list[dict[str, Any]], workers: int,
-                   global_batch: int, steps: int, learning_rate: float) -> dict[str, Any]:
+def history_record(
+    config: TrainConfig,
+    meta: dict[str, Any],
+    epochs: list[dict[str, Any]],
+    workers: int,
+    global_batch: int,
+    steps: int,
+    learning_rate: float,
+) -> dict[str, Any]:
     """history.json: the per-epoch results and what produced them (the lineage a published model carries)."""
     return {
         "epochs": epochs,
@@ -59,6 +67,11 @@ def history_record(config: TrainConfig, meta: dict[str, Any], epochs: list[dict[
         "class_names": meta["class_names"],
         "image_shape": list(meta["image_shape"]),
         "run_id": config.runtime.run_id,
-        "parameters": {"num_workers": workers, "epochs": config.optim.epochs, "batch_size": config.optim.batch_size,
-                       "learning_rate": config.optim.learning_rate, "seed": config.data.seed},
+        "parameters": {
+            "num_workers": workers,
+            "epochs": config.optim.epochs,
+            "batch_size": config.optim.batch_size,
+            "learning_rate": config.optim.learning_rate,
+            "seed": config.data.seed,
+        },
     }

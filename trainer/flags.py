@@ -31,12 +31,19 @@ def add_settings(parser: argparse.ArgumentParser | Any, names: Iterable[str]) ->
         if f.default is dataclasses.MISSING:
             parser.add_argument(flag_name(f), dest=name, required=True, type=kind, help=help_text)
         elif kind is bool:
-            parser.add_argument(flag_name(f), dest=name, action=argparse.BooleanOptionalAction, default=f.default,
-                                help=help_text)
+            parser.add_argument(
+                flag_name(f), dest=name, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
+            )
         else:
             shown = f" (default: {f.default!r})" if isinstance(f.default, str) else f" (default: {f.default})"
-            parser.add_argument(flag_name(f), dest=name, type=_parser(kind, name), default=f.default,
-                                metavar=name.upper(), help=help_text + shown.replace("%", "%%"))
+            parser.add_argument(
+                flag_name(f),
+                dest=name,
+                type=_parser(kind, name),
+                default=f.default,
+                metavar=name.upper(),
+                help=help_text + shown.replace("%", "%%"),
+            )
 
 
 def _parser(kind: type, name: str):
@@ -44,7 +51,9 @@ def _parser(kind: type, name: str):
         try:
             return kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} {text!r} is not {'an integer' if kind is int else 'a number'}") from None
+            raise argparse.ArgumentTypeError(
+                f"{name} {text!r} is not {'an integer' if kind is int else 'a number'}"
+            ) from None
 
     parse.__name__ = kind.__name__
     return parse

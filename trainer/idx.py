@@ -73,7 +73,9 @@ def parse_idx(data: bytes, name: str = "<bytes>") -> np.ndarray:
     body = len(data) - header
     if body != expected:
         word = "truncated" if body < expected else "longer than declared"
-        raise UsageError(f"IDX file {name!r} is {word}: shape {shape} needs {expected} bytes after the header, found {body}")
+        raise UsageError(
+            f"IDX file {name!r} is {word}: shape {shape} needs {expected} bytes after the header, found {body}"
+        )
     return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(shape)
 
 
@@ -90,7 +92,9 @@ def _find(directory: str, stem: str, opener: Callable[[str], bool]) -> str:
         path = directory.rstrip("/") + "/" + candidate
         if opener(path):
             return path
-    raise UsageError(f"IDX directory {directory!r} has no {stem}.gz (or {stem}); it needs {', '.join(s for pair in SPLIT_FILES.values() for s in pair)}")
+    raise UsageError(
+        f"IDX directory {directory!r} has no {stem}.gz (or {stem}); it needs {', '.join(s for pair in SPLIT_FILES.values() for s in pair)}"
+    )
 
 
 def read_split(directory: str, split: str) -> tuple[np.ndarray, np.ndarray]:
@@ -105,9 +109,13 @@ def read_split(directory: str, split: str) -> tuple[np.ndarray, np.ndarray]:
     images = parse_idx(_read_bytes(image_path), image_path)
     labels = parse_idx(_read_bytes(label_path), label_path)
     if images.ndim != 3:
-        raise UsageError(f"IDX file {image_path!r} holds a {images.ndim}-dimensional array; images need 3 (count, height, width)")
+        raise UsageError(
+            f"IDX file {image_path!r} holds a {images.ndim}-dimensional array; images need 3 (count, height, width)"
+        )
     if labels.ndim != 1 or len(labels) != len(images):
-        raise UsageError(f"IDX file {label_path!r} holds {labels.shape} labels for {len(images)} images in {image_path!r}")
+        raise UsageError(
+            f"IDX file {label_path!r} holds {labels.shape} labels for {len(images)} images in {image_path!r}"
+        )
     return images, labels
 
 

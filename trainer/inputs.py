@@ -18,8 +18,16 @@ def _options(deterministic: bool) -> Any:
     return options
 
 
-def train_dataset(data_dir: str, meta: dict[str, Any], data: DataConfig, batch_size: int, steps: int, workers: int,
-                  rank: int, start_epoch: Any) -> Any:
+def train_dataset(
+    data_dir: str,
+    meta: dict[str, Any],
+    data: DataConfig,
+    batch_size: int,
+    steps: int,
+    workers: int,
+    rank: int,
+    start_epoch: Any,
+) -> Any:
     """This worker's share of the training data, reshuffled per epoch and globally batched.
 
     Sharding is explicit (whole files when they divide evenly among the workers, else every N-th record), and
@@ -47,9 +55,12 @@ def train_dataset(data_dir: str, meta: dict[str, Any], data: DataConfig, batch_s
     names = tf.data.Dataset.from_tensor_slices(files)
     if by_file:
         names = names.shard(workers, rank)
-    records = names.interleave(tf.data.TFRecordDataset, cycle_length=len(files), num_parallel_calls=tf.data.AUTOTUNE,
-                               deterministic=True)
-    records = records.map(decode_fn(tuple(meta["image_shape"])), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    records = names.interleave(
+        tf.data.TFRecordDataset, cycle_length=len(files), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+    )
+    records = records.map(
+        decode_fn(tuple(meta["image_shape"])), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+    )
     if workers > 1 and not by_file:
         records = records.shard(workers, rank)
     records = records.cache()
@@ -62,14 +73,20 @@ def train_dataset(data_dir: str, meta: dict[str, Any], data: DataConfig, batch_s
     buffer = min(meta["splits"]["train"]["num_examples"], data.shuffle_buffer)
 
     def epoch_block(epoch):
-        return records.shuffle(buffer, seed=data.seed * 1000 + epoch, reshuffle_each_iteration=False).repeat().take(per_epoch)
+        return (
+            records.shuffle(buffer, seed=data.seed * 1000 + epoch, reshuffle_each_iteration=False)
+            .repeat()
+            .take(per_epoch)
+        )
 
     # Endless, and declared so: with a finite or unknown cardinality MultiWorkerMirroredStrategy all-reduces a
     # "has data" flag across the workers before every step. `fit` ends each epoch after `steps` steps.
     epochs = tf.data.Dataset.counter().filter(lambda e: e >= start_epoch).flat_map(epoch_block)
     ds = fill.concatenate(epochs).apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
     ds = ds.batch(batch_size * workers, drop_remainder=True)
-    ds = ds.map(lambda x, y: (tf.cast(x, tf.float32), y), num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    ds = ds.map(lambda x, y: (tf.cast(x, tf.float32), y), num_parallel_calls=tf.data.AUTOTUNE).prefetch(
+        tf.data.AUTOTUNE
+    )
     return ds.with_options(_options(deterministic=True))
 
 

@@ -61,8 +61,10 @@ def check_workers(num_workers: int) -> None:
 
 def check_port(port: int) -> None:
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65534:
-        raise UsageError(f"port {port!r} is not allowed; allowed: an integer from 1 to 65534 (the next port is the "
-                         "supervisor's control port)")
+        raise UsageError(
+            f"port {port!r} is not allowed; allowed: an integer from 1 to 65534 (the next port is the "
+            "supervisor's control port)"
+        )
 
 
 def control_address(address: str) -> str:
@@ -79,8 +81,10 @@ def namespace() -> str:
         with open(NAMESPACE_FILE) as f:
             return f.read().strip()
     except OSError:
-        raise UsageError("POD_NAMESPACE is not set and this is not a pod (no service-account namespace file); "
-                         "the pipeline sets it through the downward API (metadata.namespace)") from None
+        raise UsageError(
+            "POD_NAMESPACE is not set and this is not a pod (no service-account namespace file); "
+            "the pipeline sets it through the downward API (metadata.namespace)"
+        ) from None
 
 
 def pod_name() -> str:
@@ -105,10 +109,15 @@ def pod_labels(run_id: str, index: int) -> dict[str, str]:
     return {"app.kubernetes.io/name": APP, RUN_LABEL: run_key(run_id), INDEX_LABEL: str(index)}
 
 
-def service_manifest(run_id: str, index: int, port: int = DEFAULT_PORT, owner: dict[str, Any] | None = None) -> dict[str, Any]:
+def service_manifest(
+    run_id: str, index: int, port: int = DEFAULT_PORT, owner: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The headless Service for one task, as a Kubernetes manifest dict (owned by `owner` when given)."""
     check_port(port)
-    metadata: dict[str, Any] = {"name": service_name(run_id, index), "labels": {**run_labels(run_id), INDEX_LABEL: str(index)}}
+    metadata: dict[str, Any] = {
+        "name": service_name(run_id, index),
+        "labels": {**run_labels(run_id), INDEX_LABEL: str(index)},
+    }
     if owner:
         metadata["ownerReferences"] = [owner]
     return {
@@ -145,8 +154,10 @@ def core_api(host: str | None = None, token: str | None = None) -> Any:
 def explain(err: Any, verb: str, resource: str, namespace: str) -> KubernetesError:
     """One line for a refused API call: what the service account may not do, or the status and its reason."""
     if err.status == 403:
-        return KubernetesError(f"forbidden: the pipeline's service account may not {verb} {resource} in namespace "
-                               f"{namespace!r}; grant it (deploy/rbac-*.yaml: verb {verb!r} on {resource!r})")
+        return KubernetesError(
+            f"forbidden: the pipeline's service account may not {verb} {resource} in namespace "
+            f"{namespace!r}; grant it (deploy/rbac-*.yaml: verb {verb!r} on {resource!r})"
+        )
     reason = (err.reason or "").strip()
     return KubernetesError(f"{verb} {resource} in namespace {namespace!r} failed: HTTP {err.status} {reason}")
 
@@ -167,13 +178,24 @@ def workflow_owner(api: Any, namespace: str, pod: str) -> dict[str, Any] | None:
             log.warning("pod %s has no %s label; its Service will not be owned by the run", pod, WORKFLOW_LABEL)
             return None
         group, version, plural, kind = WORKFLOW
-        workflow = client.CustomObjectsApi(api.api_client).get_namespaced_custom_object(group, version, namespace, plural, name)
+        workflow = client.CustomObjectsApi(api.api_client).get_namespaced_custom_object(
+            group, version, namespace, plural, name
+        )
     except ApiException as err:
-        log.warning("cannot find the run's Workflow for pod %s (HTTP %s %s); its Service will not be owned by the run",
-                    pod, err.status, (err.reason or "").strip())
+        log.warning(
+            "cannot find the run's Workflow for pod %s (HTTP %s %s); its Service will not be owned by the run",
+            pod,
+            err.status,
+            (err.reason or "").strip(),
+        )
         return None
-    return {"apiVersion": f"{group}/{version}", "kind": kind, "name": name, "uid": workflow["metadata"]["uid"],
-            "blockOwnerDeletion": False}
+    return {
+        "apiVersion": f"{group}/{version}",
+        "kind": kind,
+        "name": name,
+        "uid": workflow["metadata"]["uid"],
+        "blockOwnerDeletion": False,
+    }
 
 
 def ensure_service(api: Any, namespace: str, run_id: str, index: int, port: int, owner: dict[str, Any] | None) -> bool:
@@ -210,7 +232,9 @@ def label_own_pod(api: Any, namespace: str, pod: str, run_id: str, index: int) -
     from kubernetes.client.exceptions import ApiException
 
     if not pod:
-        raise UsageError("the pod name is empty; the training op sets POD_NAME through the downward API (metadata.name)")
+        raise UsageError(
+            "the pod name is empty; the training op sets POD_NAME through the downward API (metadata.name)"
+        )
     try:
         api.patch_namespaced_pod(pod, namespace, {"metadata": {"labels": pod_labels(run_id, index)}})
     except ApiException as err:

@@ -59,7 +59,8 @@ def local_cluster(workers: int) -> list[str]:
 
 def local_topology(workers: int, ps: int) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
     """Loopback addresses for the TF servers and for the supervisors' control channels, shaped alike:
-    `{"worker": [...]}`, or with parameter servers `{"chief", "worker", "ps"}`."""
+    `{"worker": [...]}`, or with parameter servers `{"chief", "worker", "ps"}`.
+    """
     if ps and not 1 <= ps <= MAX_LOCAL_WORKERS:
         raise UsageError(f"ps {ps} is not allowed; allowed: 0 (mirrored) or 1 to {MAX_LOCAL_WORKERS}")
     total = workers + ps + 1 if ps else workers
@@ -82,8 +83,15 @@ def _pump(label: str, stream: IO[bytes], last_error: dict[str, str]) -> None:
 class WorkerGroup:
     """Starts and supervises one process per task of a cluster (`{"worker": [...]}` or chief + ps + workers)."""
 
-    def __init__(self, command: Sequence[str], cluster: dict[str, list[str]], grace: float, tolerate: Sequence[str] = (),
-                 env: dict[str, str] | None = None, control: dict[str, list[str]] | None = None) -> None:
+    def __init__(
+        self,
+        command: Sequence[str],
+        cluster: dict[str, list[str]],
+        grace: float,
+        tolerate: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        control: dict[str, list[str]] | None = None,
+    ) -> None:
         self.command = list(command)
         self.cluster = cluster
         self.control = control
@@ -108,7 +116,9 @@ class WorkerGroup:
             env.setdefault("TF_NUM_INTEROP_THREADS", "2")
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
             env["PYTHONUNBUFFERED"] = "1"
-            proc = subprocess.Popen(self.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                self.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+            )
             self.procs.append(proc)
             pump = threading.Thread(target=_pump, args=(label, proc.stdout, self.last_error), daemon=True)
             pump.start()
@@ -167,22 +177,35 @@ def _shell_code(code: int) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="trainer-launch", description="Run N trainer workers on this machine with a generated TF_CONFIG each.",
-                                usage="trainer-launch --workers N [--ps P] [--max-restarts R] [--grace S] -- TRAINING_ARGS...")
+    p = Parser(
+        prog="trainer-launch",
+        description="Run N trainer workers on this machine with a generated TF_CONFIG each.",
+        usage="trainer-launch --workers N [--ps P] [--max-restarts R] [--grace S] -- TRAINING_ARGS...",
+    )
     p.add_argument("--workers", type=int, required=True, help=f"number of worker processes (1 to {MAX_LOCAL_WORKERS})")
-    p.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL when stopping workers")
-    p.add_argument("--ps", type=int, default=0,
-                   help="parameter servers; with N > 0 runs chief + N ps + --workers workers under ParameterServerStrategy")
-    p.add_argument("--max-restarts", type=int, default=0,
-                   help="each worker restarts its training process in place up to N times after a retryable failure "
-                        "(a lost peer, a killed worker); all workers restart together and resume from the last "
-                        "finished epoch")
+    p.add_argument(
+        "--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL when stopping workers"
+    )
+    p.add_argument(
+        "--ps",
+        type=int,
+        default=0,
+        help="parameter servers; with N > 0 runs chief + N ps + --workers workers under ParameterServerStrategy",
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="each worker restarts its training process in place up to N times after a retryable failure "
+        "(a lost peer, a killed worker); all workers restart together and resume from the last "
+        "finished epoch",
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    own, rest = (argv[: argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    own, rest = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     setup_logging("launch ")
     try:
         args = build_parser().parse_args(own)
@@ -200,8 +223,13 @@ def main(argv: list[str] | None = None) -> int:
         rest = [*rest, "--strategy", "parameter_server"]
     if args.max_restarts:
         rest = [*rest, "--max-restarts", str(args.max_restarts)]
-    group = WorkerGroup([sys.executable, "-m", "trainer.train", *rest], cluster, args.grace,
-                        tolerate=("worker",) if args.ps else (), control=control)
+    group = WorkerGroup(
+        [sys.executable, "-m", "trainer.train", *rest],
+        cluster,
+        args.grace,
+        tolerate=("worker",) if args.ps else (),
+        control=control,
+    )
 
     def interrupted(signum: int, frame: object) -> None:
         group.stop()
@@ -216,7 +244,10 @@ def main(argv: list[str] | None = None) -> int:
         for s, handler in previous.items():
             signal.signal(s, handler)
     if label is not None:
-        print(f"error: {label} failed with exit code {code}: {group.last_error.get(label, 'no error line')}", file=sys.stderr)
+        print(
+            f"error: {label} failed with exit code {code}: {group.last_error.get(label, 'no error line')}",
+            file=sys.stderr,
+        )
         return code
     log.info("all %d processes finished", len(group.tasks))
     return 0

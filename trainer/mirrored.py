@@ -41,11 +41,18 @@ def make_strategy(tf_config: dict[str, Any] | None, config: TrainConfig) -> Any:
     # threads, about 400/s on MNIST); a long run dies at the thread limit. Peers that vanish are detected anyway
     # by the coordination service's heartbeats, so the timeout is off unless asked for.
     options = tf.distribute.experimental.CommunicationOptions(
-        bytes_per_pack=config.cluster.pack_bytes, timeout_seconds=config.cluster.collective_timeout or None)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster_lib.cluster_resolver(tf_config),
-                                                         communication_options=options)
-    log.info("cluster formed: %d workers, this is %s %d (pid %d)", strategy.num_replicas_in_sync,
-             tf_config["task"]["type"], tf_config["task"]["index"], os.getpid())
+        bytes_per_pack=config.cluster.pack_bytes, timeout_seconds=config.cluster.collective_timeout or None
+    )
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=cluster_lib.cluster_resolver(tf_config), communication_options=options
+    )
+    log.info(
+        "cluster formed: %d workers, this is %s %d (pid %d)",
+        strategy.num_replicas_in_sync,
+        tf_config["task"]["type"],
+        tf_config["task"]["index"],
+        os.getpid(),
+    )
     return strategy
 
 
@@ -58,8 +65,14 @@ def lost_peer_message(tf_config: dict[str, Any] | None, detail: str) -> str:
     return f"lost contact with a peer during training ({who}): {detail.strip().splitlines()[0][:300]}"
 
 
-def run(config: TrainConfig, tf_config: dict[str, Any] | None, *, datasets: Any = None, strategy: Any = None,
-        on_formed: Callable[[], None] | None = None) -> dict[str, Any]:
+def run(
+    config: TrainConfig,
+    tf_config: dict[str, Any] | None,
+    *,
+    datasets: Any = None,
+    strategy: Any = None,
+    on_formed: Callable[[], None] | None = None,
+) -> dict[str, Any]:
     """Trains on `config.runtime.data_dir` and, on the chief, writes the model to `config.runtime.model_dir`.
 
     Args:
@@ -76,8 +89,10 @@ def run(config: TrainConfig, tf_config: dict[str, Any] | None, *, datasets: Any 
     import tf_keras as keras
 
     if tf_config and tf_config["cluster"].get("ps"):
-        raise UsageError("TF_CONFIG has 'ps' tasks but the strategy is multi_worker_mirrored; "
-                         "allowed: no ps tasks, or --strategy parameter_server")
+        raise UsageError(
+            "TF_CONFIG has 'ps' tasks but the strategy is multi_worker_mirrored; "
+            "allowed: no ps tasks, or --strategy parameter_server"
+        )
     runtime = config.runtime
     meta = load_metadata(runtime.data_dir)
     verify_split(runtime.data_dir, meta, "train")
@@ -101,26 +116,41 @@ def run(config: TrainConfig, tf_config: dict[str, Any] | None, *, datasets: Any 
     resume = ResumeEpoch(steps)
     if datasets is None:
         datasets = train_dataset(runtime.data_dir, meta, config.data, batch_size, steps, workers, rank, resume.variable)
-    learning_rate = config.optim.learning_rate * workers ** 0.5
+    learning_rate = config.optim.learning_rate * workers**0.5
 
     with strategy.scope():
         from trainer.model import build_model
 
-        model = build_model(image_shape, meta["num_classes"], learning_rate, decay_steps=config.optim.epochs * steps,
-                            steps_per_execution=config.optim.steps_per_execution)
+        model = build_model(
+            image_shape,
+            meta["num_classes"],
+            learning_rate,
+            decay_steps=config.optim.epochs * steps,
+            steps_per_execution=config.optim.steps_per_execution,
+        )
 
     throughput = ThroughputHistory(steps * global_batch)
     backup_dir = runtime.checkpoint_dir or f"{runtime.model_dir.rstrip('/')}.backup"
     callbacks = [keras.callbacks.BackupAndRestore(backup_dir=backup_dir), resume.callback, throughput.callback]
-    log.info("training %d epochs x %d steps, global batch %d (%d per worker x %d workers)",
-             config.optim.epochs, steps, global_batch, batch_size, workers)
+    log.info(
+        "training %d epochs x %d steps, global batch %d (%d per worker x %d workers)",
+        config.optim.epochs,
+        steps,
+        global_batch,
+        batch_size,
+        workers,
+    )
     validation: dict[str, Any] = {}
     if config.optim.validate:
         verify_split(runtime.data_dir, meta, "test")
-        validation = {"validation_data": eval_dataset(runtime.data_dir, meta, global_batch, workers, rank),
-                      "validation_steps": max(1, meta["splits"]["test"]["num_examples"] // global_batch)}
+        validation = {
+            "validation_data": eval_dataset(runtime.data_dir, meta, global_batch, workers, rank),
+            "validation_steps": max(1, meta["splits"]["test"]["num_examples"] // global_batch),
+        }
     try:
-        model.fit(datasets, epochs=config.optim.epochs, steps_per_epoch=steps, callbacks=callbacks, verbose=0, **validation)
+        model.fit(
+            datasets, epochs=config.optim.epochs, steps_per_epoch=steps, callbacks=callbacks, verbose=0, **validation
+        )
     except tf.errors.OpError as err:
         if type(err).__name__ not in _LOST_PEER_ERRORS or workers <= 1:
             raise

@@ -5,8 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 
-def build_model(image_shape: tuple[int, int, int], num_classes: int, learning_rate: float, decay_steps: int = 0,
-                steps_per_execution: int = 1) -> Any:
+def build_model(
+    image_shape: tuple[int, int, int],
+    num_classes: int,
+    learning_rate: float,
+    decay_steps: int = 0,
+    steps_per_execution: int = 1,
+) -> Any:
     """A compiled CNN for `image_shape` inputs (float pixels 0-255) that outputs class probabilities.
 
     Two blocks of two 3x3 convolutions (24 then 48 filters, padded) each followed by 2x2 max-pooling, then dropout,
@@ -31,8 +36,11 @@ def build_model(image_shape: tuple[int, int, int], num_classes: int, learning_ra
     outputs = keras.layers.Dense(num_classes, activation="softmax", name="probabilities")(x)
     model = keras.Model(inputs, outputs, name="cnn")
     model.compile(
-        optimizer=keras.optimizers.Adam(learning_rate=keras.optimizers.schedules.CosineDecay(learning_rate, decay_steps, alpha=0.05)
-                                        if decay_steps else learning_rate),
+        optimizer=keras.optimizers.Adam(
+            learning_rate=keras.optimizers.schedules.CosineDecay(learning_rate, decay_steps, alpha=0.05)
+            if decay_steps
+            else learning_rate
+        ),
         loss="sparse_categorical_crossentropy",
         metrics=["accuracy"],
         steps_per_execution=steps_per_execution,

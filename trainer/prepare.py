@@ -1,8 +1,8 @@
 """Data preparation: a TFDS dataset, a directory of MNIST-format IDX files, or the shipped sample -> TFRecords.
 
-    trainer-prepare --source sample --output /tmp/mnist
-    trainer-prepare --source idx:/usr/share/datasets/fashion-mnist --output /tmp/fashion
-    trainer-prepare --source tfds:mnist --tfds-data-dir ~/tensorflow_datasets --output /tmp/mnist-full
+trainer-prepare --source sample --output /tmp/mnist
+trainer-prepare --source idx:/usr/share/datasets/fashion-mnist --output /tmp/fashion
+trainer-prepare --source tfds:mnist --tfds-data-dir ~/tensorflow_datasets --output /tmp/mnist-full
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from trainer.idx import read_split
 from trainer.records import METADATA_FILE, make_metadata, write_split
 
 log = logging.getLogger(__name__)
-
 
 
 def sample_dir() -> str:
@@ -68,15 +67,18 @@ def prepare_idx(directory: str, config: DataConfig, out: str) -> dict[str, Any]:
     train_images, train_labels = read_split(directory, "train")
     test_images, test_labels = read_split(directory, "test")
     if train_images.shape[1:] != test_images.shape[1:]:
-        raise UsageError(f"IDX directory {directory!r} has train images {train_images.shape[1:]} but test images {test_images.shape[1:]}")
+        raise UsageError(
+            f"IDX directory {directory!r} has train images {train_images.shape[1:]} but test images {test_images.shape[1:]}"
+        )
     num_classes = int(max(train_labels.max(), test_labels.max())) + 1
     names = _class_names(config) or [str(i) for i in range(num_classes)]
     if len(names) < num_classes:
         raise UsageError(f"{len(names)} class names given but labels go up to {num_classes - 1}; give {num_classes}")
     shape = (*train_images.shape[1:], 1)
     splits = {
-        "train": write_split(out, "train", _idx_examples(train_images, train_labels, config.max_train_examples),
-                             config.num_shards, shape),
+        "train": write_split(
+            out, "train", _idx_examples(train_images, train_labels, config.max_train_examples), config.num_shards, shape
+        ),
         "test": write_split(out, "test", _idx_examples(test_images, test_labels, config.max_test_examples), 1, shape),
     }
     return make_metadata(config.source, shape, names, splits)
@@ -102,13 +104,19 @@ def prepare_tfds(name: str, config: DataConfig, out: str) -> dict[str, Any]:
     try:
         builder = tfds.builder(name, data_dir=config.tfds_data_dir or None)
     except tfds.core.registered.DatasetNotFoundError:
-        raise UsageError(f"TFDS dataset {name!r} does not exist; allowed: a name from tfds.list_builders(), e.g. mnist, fashion_mnist") from None
+        raise UsageError(
+            f"TFDS dataset {name!r} does not exist; allowed: a name from tfds.list_builders(), e.g. mnist, fashion_mnist"
+        ) from None
     features = builder.info.features
     if "image" not in features or "label" not in features:
-        raise UsageError(f"TFDS dataset {name!r} has features {list(features)}; allowed: image-classification datasets with 'image' and 'label'")
+        raise UsageError(
+            f"TFDS dataset {name!r} has features {list(features)}; allowed: image-classification datasets with 'image' and 'label'"
+        )
     shape = tuple(features["image"].shape)
     if len(shape) != 3 or None in shape:
-        raise UsageError(f"TFDS dataset {name!r} has images of shape {shape}; allowed: a fixed height x width x channels")
+        raise UsageError(
+            f"TFDS dataset {name!r} has images of shape {shape}; allowed: a fixed height x width x channels"
+        )
     if not builder.is_prepared():
         _check_download_hosts(builder, name, config.network_timeout)
         builder.download_and_prepare()
@@ -138,20 +146,36 @@ def run(config: DataConfig, output: str) -> dict[str, Any]:
         meta = prepare_idx(location, config, out) if kind == "idx" else prepare_tfds(location, config, out)
         write_json(f"{out}/{METADATA_FILE}", meta)
     counts = ", ".join(f"{split} {s['num_examples']}" for split, s in meta["splits"].items())
-    log.info("prepared %s into %s: %s examples, image shape %s, %d classes", config.source, output, counts,
-             meta["image_shape"], meta["num_classes"])
+    log.info(
+        "prepared %s into %s: %s examples, image shape %s, %d classes",
+        config.source,
+        output,
+        counts,
+        meta["image_shape"],
+        meta["num_classes"],
+    )
     return meta
 
 
-SETTINGS = ("source", "num_shards", "max_train_examples", "max_test_examples", "class_names", "tfds_data_dir",
-            "network_timeout")
+SETTINGS = (
+    "source",
+    "num_shards",
+    "max_train_examples",
+    "max_test_examples",
+    "class_names",
+    "tfds_data_dir",
+    "network_timeout",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="trainer-prepare", description="Prepare an image-classification dataset as TFRecord shards "
-                    "+ metadata.json.")
-    parser.add_argument("--output", required=True, help="output directory (local path or tf.io.gfile URI); replaced "
-                        "atomically")
+    parser = Parser(
+        prog="trainer-prepare",
+        description="Prepare an image-classification dataset as TFRecord shards + metadata.json.",
+    )
+    parser.add_argument(
+        "--output", required=True, help="output directory (local path or tf.io.gfile URI); replaced atomically"
+    )
     add_settings(parser, SETTINGS)
     return parser
 

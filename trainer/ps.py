@@ -36,9 +36,16 @@ POLL_INTERVAL = 1.0
 
 
 def check_topology(tf_config: dict[str, Any] | None) -> None:
-    if not tf_config or not tf_config["cluster"].get("chief") or not tf_config["cluster"].get("ps") or not tf_config["cluster"].get("worker"):
-        raise UsageError("parameter_server strategy needs a TF_CONFIG with one chief, at least one ps and at least one worker; "
-                         f"got jobs {sorted(tf_config['cluster']) if tf_config else 'none (no TF_CONFIG)'}")
+    if (
+        not tf_config
+        or not tf_config["cluster"].get("chief")
+        or not tf_config["cluster"].get("ps")
+        or not tf_config["cluster"].get("worker")
+    ):
+        raise UsageError(
+            "parameter_server strategy needs a TF_CONFIG with one chief, at least one ps and at least one worker; "
+            f"got jobs {sorted(tf_config['cluster']) if tf_config else 'none (no TF_CONFIG)'}"
+        )
 
 
 class StatusPublisher:
@@ -91,7 +98,9 @@ def wait_for_chief(uri: str, startup_timeout: float, chief_timeout: float, what:
                 status = None
         if status is None:
             if time.monotonic() - started > startup_timeout:
-                raise PeerUnavailableError(f"{what}: the chief published no status at {uri} within {startup_timeout:g}s")
+                raise PeerUnavailableError(
+                    f"{what}: the chief published no status at {uri} within {startup_timeout:g}s"
+                )
         elif status["state"] == "succeeded":
             log.info("%s: the chief finished successfully; exiting", what)
             return
@@ -99,8 +108,10 @@ def wait_for_chief(uri: str, startup_timeout: float, chief_timeout: float, what:
             raise ChiefFailedError(f"{what}: the chief failed: {status.get('detail', '')}")
         elif time.time() - status["heartbeat"] > chief_timeout:
             age = time.time() - status["heartbeat"]
-            raise PeerUnavailableError(f"{what}: the chief's heartbeat at {uri} is {age:.0f}s old "
-                                       f"(limit {chief_timeout:g}s); the chief vanished")
+            raise PeerUnavailableError(
+                f"{what}: the chief's heartbeat at {uri} is {age:.0f}s old "
+                f"(limit {chief_timeout:g}s); the chief vanished"
+            )
         time.sleep(POLL_INTERVAL)
 
 
@@ -110,16 +121,32 @@ def run_server(config: TrainConfig, tf_config: dict[str, Any], on_started: Calla
 
     task = tf_config["task"]
     what = f"{task['type']} {task['index']}"
-    tf.distribute.Server(tf.train.ClusterSpec(tf_config["cluster"]), job_name=task["type"], task_index=task["index"],
-                         protocol="grpc", start=True)
+    tf.distribute.Server(
+        tf.train.ClusterSpec(tf_config["cluster"]),
+        job_name=task["type"],
+        task_index=task["index"],
+        protocol="grpc",
+        start=True,
+    )
     if on_started:
         on_started()
-    log.info("%s: server started at %s (pid %d); waiting for the chief", what, cluster_lib.own_address(tf_config), os.getpid())
+    log.info(
+        "%s: server started at %s (pid %d); waiting for the chief",
+        what,
+        cluster_lib.own_address(tf_config),
+        os.getpid(),
+    )
     wait_for_chief(status_uri(config), config.cluster.startup_timeout, config.cluster.chief_timeout, what)
 
 
-def run(config: TrainConfig, tf_config: dict[str, Any], *, datasets: Any = None, strategy: Any = None,
-        on_formed: Callable[[], None] | None = None) -> dict[str, Any]:
+def run(
+    config: TrainConfig,
+    tf_config: dict[str, Any],
+    *,
+    datasets: Any = None,
+    strategy: Any = None,
+    on_formed: Callable[[], None] | None = None,
+) -> dict[str, Any]:
     """The chief: coordinates training under ParameterServerStrategy and exports the model like the mirrored runner.
 
     Args:
@@ -153,15 +180,27 @@ def run(config: TrainConfig, tf_config: dict[str, Any], *, datasets: Any = None,
         with strategy.scope():
             model = build_model(image_shape, meta["num_classes"], config.optim.learning_rate)
         throughput = ThroughputHistory(steps * batch_size)
-        log.info("chief: %d epochs x %d steps of %d examples over %d workers and %d parameter servers", config.optim.epochs,
-                 steps, batch_size, workers, len(tf_config["cluster"]["ps"]))
+        log.info(
+            "chief: %d epochs x %d steps of %d examples over %d workers and %d parameter servers",
+            config.optim.epochs,
+            steps,
+            batch_size,
+            workers,
+            len(tf_config["cluster"]["ps"]),
+        )
         if datasets is None:
             datasets = ps_dataset_creator(runtime.data_dir, meta, config.data, batch_size)
         try:
-            model.fit(datasets, epochs=config.optim.epochs, steps_per_epoch=steps, callbacks=[throughput.callback], verbose=0)
+            model.fit(
+                datasets, epochs=config.optim.epochs, steps_per_epoch=steps, callbacks=[throughput.callback], verbose=0
+            )
         except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as err:
-            raise PeerUnavailableError(f"lost a parameter server during training: {err.message.strip().splitlines()[0][:300]}") from None
-        history = history_record(config, meta, throughput.epochs, workers, batch_size, steps, config.optim.learning_rate)
+            raise PeerUnavailableError(
+                f"lost a parameter server during training: {err.message.strip().splitlines()[0][:300]}"
+            ) from None
+        history = history_record(
+            config, meta, throughput.epochs, workers, batch_size, steps, config.optim.learning_rate
+        )
         history["parameter_servers"] = len(tf_config["cluster"]["ps"])
         save_model(model, image_shape, runtime.model_dir, history)
     return history

@@ -27,7 +27,7 @@ def _copy_tree(src: str, dst: str) -> None:
     import tensorflow as tf
 
     for root, _, files in tf.io.gfile.walk(src):
-        rel = root[len(src):].lstrip("/")
+        rel = root[len(src) :].lstrip("/")
         target = f"{dst}/{rel}" if rel else dst
         tf.io.gfile.makedirs(target)
         for name in files:
@@ -44,15 +44,19 @@ def publish(saved_model_dir: str, metrics: dict[str, Any], publish_uri: str, lin
     import tensorflow as tf
 
     if not publish_uri:
-        raise UsageError("publish_uri is empty; give a local path or a tf.io.gfile URI such as gs://bucket/models/mnist")
+        raise UsageError(
+            "publish_uri is empty; give a local path or a tf.io.gfile URI such as gs://bucket/models/mnist"
+        )
     if not exists(f"{saved_model_dir}/saved_model.pb"):
         raise UsageError(f"model directory {saved_model_dir!r} holds no SavedModel")
     root = publish_uri.rstrip("/")
     previous = latest(root)
     accuracy = float(metrics["accuracy"])
     if previous is not None and accuracy < float(previous["metrics"]["accuracy"]):
-        reason = (f"not published: accuracy {accuracy:.4f} is below the published version {previous['version']} "
-                  f"({float(previous['metrics']['accuracy']):.4f})")
+        reason = (
+            f"not published: accuracy {accuracy:.4f} is below the published version {previous['version']} "
+            f"({float(previous['metrics']['accuracy']):.4f})"
+        )
         log.info(reason)
         return {"published": False, "reason": reason, "version": None, "previous": previous}
     tf.io.gfile.makedirs(root)
@@ -72,6 +76,7 @@ def publish(saved_model_dir: str, metrics: dict[str, Any], publish_uri: str, lin
         raise
     write_json(f"{root}/{LATEST}", record)
     reason = f"published version {version} with accuracy {accuracy:.4f}" + (
-        f" (previous {float(previous['metrics']['accuracy']):.4f})" if previous else " (first version)")
+        f" (previous {float(previous['metrics']['accuracy']):.4f})" if previous else " (first version)"
+    )
     log.info(reason)
     return {"published": True, "reason": reason, "version": version, "path": final, "previous": previous}

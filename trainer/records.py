@@ -97,7 +97,9 @@ def load_metadata(directory: str) -> dict[str, Any]:
     """
     path = f"{directory.rstrip('/')}/{METADATA_FILE}"
     if not exists(path):
-        raise UsageError(f"dataset {directory!r} has no {METADATA_FILE}; prepare it with `trainer-prepare --output {directory}`")
+        raise UsageError(
+            f"dataset {directory!r} has no {METADATA_FILE}; prepare it with `trainer-prepare --output {directory}`"
+        )
     try:
         meta = read_json(path)
     except ValueError as err:
@@ -128,25 +130,52 @@ def check_metadata(meta: dict[str, Any], path: str = METADATA_FILE) -> dict[str,
     if meta["format_version"] != FORMAT_VERSION:
         raise _fail(path, "format_version", meta["format_version"], str(FORMAT_VERSION))
     shape = meta["image_shape"]
-    if not (isinstance(shape, list) and len(shape) == 3 and all(_count(d, 1) for d in shape) and shape[0] * shape[1] <= 4096 ** 2
-            and shape[2] in (1, 3, 4)):
-        raise _fail(path, "image_shape", shape, "[height, width, channels] with sides of at least 1 pixel, at most "
-                    "16.7 M pixels, and 1, 3 or 4 channels")
+    if not (
+        isinstance(shape, list)
+        and len(shape) == 3
+        and all(_count(d, 1) for d in shape)
+        and shape[0] * shape[1] <= 4096**2
+        and shape[2] in (1, 3, 4)
+    ):
+        raise _fail(
+            path,
+            "image_shape",
+            shape,
+            "[height, width, channels] with sides of at least 1 pixel, at most 16.7 M pixels, and 1, 3 or 4 channels",
+        )
     if not _count(meta["num_classes"], 2) or meta["num_classes"] > 100_000:
         raise _fail(path, "num_classes", meta["num_classes"], "an integer from 2 to 100000")
     names = meta["class_names"]
-    if not (isinstance(names, list) and len(names) == meta["num_classes"] and all(isinstance(n, str) and n for n in names)
-            and len(set(names)) == len(names)):
+    if not (
+        isinstance(names, list)
+        and len(names) == meta["num_classes"]
+        and all(isinstance(n, str) and n for n in names)
+        and len(set(names)) == len(names)
+    ):
         raise _fail(path, "class_names", names, f"{meta['num_classes']} distinct non-empty names (num_classes)")
     if not isinstance(meta["splits"], dict) or "train" not in meta["splits"]:
         raise _fail(path, "splits", meta["splits"], "an object with a 'train' split (and 'test')")
     for split, info in meta["splits"].items():
         shards = info.get("shards") if isinstance(info, dict) else None
-        if not isinstance(shards, list) or not shards or not all(
-                isinstance(s, dict) and isinstance(s.get("file"), str) and "/" not in s["file"] and _count(s.get("num_examples"))
-                and isinstance(s.get("sha256"), str) and len(s["sha256"]) == 64 for s in shards):
-            raise _fail(path, f"splits.{split}.shards", shards, "a list of {file, num_examples, sha256} with plain file "
-                        "names and SHA-256 hex digests")
+        if (
+            not isinstance(shards, list)
+            or not shards
+            or not all(
+                isinstance(s, dict)
+                and isinstance(s.get("file"), str)
+                and "/" not in s["file"]
+                and _count(s.get("num_examples"))
+                and isinstance(s.get("sha256"), str)
+                and len(s["sha256"]) == 64
+                for s in shards
+            )
+        ):
+            raise _fail(
+                path,
+                f"splits.{split}.shards",
+                shards,
+                "a list of {file, num_examples, sha256} with plain file names and SHA-256 hex digests",
+            )
         total = info.get("num_examples")
         if not _count(total, 1) or total != sum(s["num_examples"] for s in shards):
             raise _fail(path, f"splits.{split}.num_examples", total, "at least 1, the sum of its shards' num_examples")
@@ -170,7 +199,9 @@ def verify_split(directory: str, meta: dict[str, Any], split: str) -> None:
             raise UsageError(f"dataset shard {path!r} is missing")
         actual = _sha256(path)
         if actual != shard["sha256"]:
-            raise UsageError(f"dataset shard {path!r} is corrupted: sha256 {actual[:12]}... differs from {shard['sha256'][:12]}... in the metadata")
+            raise UsageError(
+                f"dataset shard {path!r} is corrupted: sha256 {actual[:12]}... differs from {shard['sha256'][:12]}... in the metadata"
+            )
 
 
 def decode_fn(image_shape: tuple[int, int, int]):

@@ -47,19 +47,24 @@ def render_html(metrics: dict[str, Any], history: dict[str, Any]) -> str:
     )
     last = history["epochs"][-1] if history["epochs"] else {}
     threshold = metrics.get("min_accuracy")
-    gate = "" if threshold is None else (
-        f"Quality gate (min_accuracy {threshold:.4f}): <b>{'passed' if metrics['accuracy'] >= threshold else 'FAILED, not published'}</b>.")
+    gate = (
+        ""
+        if threshold is None
+        else (
+            f"Quality gate (min_accuracy {threshold:.4f}): <b>{'passed' if metrics['accuracy'] >= threshold else 'FAILED, not published'}</b>."
+        )
+    )
     speed = sum(e["examples_per_second"] for e in history["epochs"][1:]) / max(1, len(history["epochs"]) - 1)
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>Training report</title>
 <style>body{{font-family:sans-serif;margin:1.5em}}table{{border-collapse:collapse;margin:0.5em 0 1.5em}}
 td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}</style></head><body>
 <h1>Training report</h1>
-<p>Dataset <code>{esc(str(metrics.get('dataset')))}</code>, {metrics['num_examples']} held-out examples.
-<b>Test accuracy {metrics['accuracy']:.4f}</b>, loss {metrics['loss']:.4f}.
+<p>Dataset <code>{esc(str(metrics.get("dataset")))}</code>, {metrics["num_examples"]} held-out examples.
+<b>Test accuracy {metrics["accuracy"]:.4f}</b>, loss {metrics["loss"]:.4f}.
 {gate}</p>
-<p>{history['workers']} worker(s), global batch {history['global_batch_size']}, {len(history['epochs'])} epochs of
-{history['steps_per_epoch']} steps; final training accuracy {last.get('accuracy', float('nan')):.4f};
+<p>{history["workers"]} worker(s), global batch {history["global_batch_size"]}, {len(history["epochs"])} epochs of
+{history["steps_per_epoch"]} steps; final training accuracy {last.get("accuracy", float("nan")):.4f};
 {speed:.0f} examples/s after the first epoch.</p>
 <img alt="training curves" src="data:image/png;base64,{png}">
 <h2>Per class</h2>

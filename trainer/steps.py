@@ -23,19 +23,27 @@ CLUSTER_FILE = "cluster.json"
 WORKER_FILE = "worker.json"
 
 
-def prepare_data(output: str, source: str, max_train_examples: int, max_test_examples: int, num_shards: int) -> dict[str, Any]:
+def prepare_data(
+    output: str, source: str, max_train_examples: int, max_test_examples: int, num_shards: int
+) -> dict[str, Any]:
     """Prepares the dataset into `output`; returns the counts the Dataset artifact records."""
     from trainer import prepare
 
-    data = DataConfig(source=source, max_train_examples=max_train_examples, max_test_examples=max_test_examples,
-                      num_shards=num_shards)
+    data = DataConfig(
+        source=source, max_train_examples=max_train_examples, max_test_examples=max_test_examples, num_shards=num_shards
+    )
     meta = prepare.run(data, output)
-    return {"source": source, "train_examples": meta["splits"]["train"]["num_examples"],
-            "test_examples": meta["splits"]["test"]["num_examples"], "num_classes": meta["num_classes"]}
+    return {
+        "source": source,
+        "train_examples": meta["splits"]["train"]["num_examples"],
+        "test_examples": meta["splits"]["test"]["num_examples"],
+        "num_classes": meta["num_classes"],
+    }
 
 
-def create_cluster(output_dir: str, run_id: str, num_workers: int, cluster_mode: str, port: int,
-                   num_ps: int = 0) -> dict[str, Any]:
+def create_cluster(
+    output_dir: str, run_id: str, num_workers: int, cluster_mode: str, port: int, num_ps: int = 0
+) -> dict[str, Any]:
     """Gives every task of the run an address (and its supervisor a control address) and writes cluster.json.
 
     Kubernetes mode names one headless Service per task in this pod's namespace (each task creates its own when it
@@ -73,12 +81,17 @@ def _train_config(dataset: str, model_dir: str, run_id: str, **settings: Any) ->
     groups: dict[str, dict[str, Any]] = {"runtime": {"data_dir": dataset, "model_dir": model_dir, "run_id": run_id}}
     for name, value in settings.items():
         groups.setdefault(group_of(name), {})[name] = value
-    return TrainConfig(runtime=RuntimeConfig(**groups["runtime"]), data=DataConfig(**groups.get("data", {})),
-                       optim=OptimConfig(**groups.get("optim", {})), cluster=ClusterConfig(**groups.get("cluster", {})))
+    return TrainConfig(
+        runtime=RuntimeConfig(**groups["runtime"]),
+        data=DataConfig(**groups.get("data", {})),
+        optim=OptimConfig(**groups.get("optim", {})),
+        cluster=ClusterConfig(**groups.get("cluster", {})),
+    )
 
 
-def train_task(dataset: str, cluster_dir: str, job: str, index: int, model_dir: str, run_id: str,
-               **settings: Any) -> dict[str, Any]:
+def train_task(
+    dataset: str, cluster_dir: str, job: str, index: int, model_dir: str, run_id: str, **settings: Any
+) -> dict[str, Any]:
     """Runs one task of the run's cluster under the supervisor (joining the Kubernetes cluster first when asked).
 
     Args:
@@ -100,16 +113,26 @@ def train_task(dataset: str, cluster_dir: str, job: str, index: int, model_dir: 
     from trainer.supervisor import supervise
 
     config = _train_config(dataset, model_dir, run_id, **settings)
-    if config.cluster.strategy == "parameter_server" and config.cluster.cluster_mode == "kubernetes" and \
-            not config.runtime.status_uri:
-        raise UsageError("status_uri is empty; in kubernetes mode the parameter servers and workers cannot read a file "
-                         "in the chief's pod: pass a gs:// URI or a path on a volume every training pod mounts")
+    if (
+        config.cluster.strategy == "parameter_server"
+        and config.cluster.cluster_mode == "kubernetes"
+        and not config.runtime.status_uri
+    ):
+        raise UsageError(
+            "status_uri is empty; in kubernetes mode the parameter servers and workers cannot read a file "
+            "in the chief's pod: pass a gs:// URI or a path on a volume every training pod mounts"
+        )
     record = read_cluster(cluster_dir)
     tf_config = cluster_lib.build_tf_config(record["cluster"], job, index)
     log.info("%s %d joins the cluster %s", job, index, json.dumps(record["cluster"]))
     kubernetes = config.cluster.cluster_mode == "kubernetes"
-    position = discovery.join_cluster(record["cluster"], job, index, run_id, config.cluster.startup_timeout,
-                                      config.cluster.unschedulable_timeout) if kubernetes else None
+    position = (
+        discovery.join_cluster(
+            record["cluster"], job, index, run_id, config.cluster.startup_timeout, config.cluster.unschedulable_timeout
+        )
+        if kubernetes
+        else None
+    )
     try:
         code = supervise(config, tf_config, record.get("control"))
     finally:
@@ -139,7 +162,9 @@ def evaluate(dataset: str, model_dirs: list[str], report: str, chief_copy: str, 
     gate = PublishConfig(min_accuracy=min_accuracy)
     chiefs = [d for d in model_dirs if os.path.isdir(os.path.join(d, SAVED_MODEL_DIR))]
     if len(chiefs) != 1:
-        raise UsageError(f"expected exactly one worker model with a SavedModel, found {len(chiefs)} of {len(model_dirs)}")
+        raise UsageError(
+            f"expected exactly one worker model with a SavedModel, found {len(chiefs)} of {len(model_dirs)}"
+        )
     result = evaluation.run(chiefs[0], dataset)
     result["min_accuracy"] = gate.min_accuracy
     result["passed_gate"] = int(result["accuracy"] >= gate.min_accuracy)
@@ -159,6 +184,10 @@ def publish_model(model_dir: str, metrics: dict[str, Any], publish_uri: str, mod
     target = PublishConfig(publish_uri=publish_uri)
     with open(os.path.join(model_dir, HISTORY_FILE)) as f:
         history = json.load(f)
-    lineage = {"run_id": history.get("run_id", ""), "dataset": history.get("dataset"), "model_uri": model_uri or model_dir,
-               "parameters": history.get("parameters", {})}
+    lineage = {
+        "run_id": history.get("run_id", ""),
+        "dataset": history.get("dataset"),
+        "model_uri": model_uri or model_dir,
+        "parameters": history.get("parameters", {}),
+    }
     return publish(os.path.join(model_dir, SAVED_MODEL_DIR), metrics, target.publish_uri, lineage)

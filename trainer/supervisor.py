@@ -30,7 +30,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trainer.cluster import split_address
-from trainer.errors import EXIT_PEER_UNAVAILABLE, EXIT_STARTUP_TIMEOUT, EXIT_TERMINATED, RETRYABLE_EXIT_CODES, StartupTimeoutError
+from trainer.errors import (
+    EXIT_PEER_UNAVAILABLE,
+    EXIT_STARTUP_TIMEOUT,
+    EXIT_TERMINATED,
+    RETRYABLE_EXIT_CODES,
+    StartupTimeoutError,
+)
 from trainer.peers import describe_peers, unreachable
 
 log = logging.getLogger(__name__)
@@ -101,12 +107,16 @@ class Control:
         deadline = time.monotonic() + timeout
         while True:
             states = self.peer_states()
-            blocking = [a for a, s in states.items() if s is None or (s["generation"] < generation and s["state"] == "running")]
+            blocking = [
+                a for a, s in states.items() if s is None or (s["generation"] < generation and s["state"] == "running")
+            ]
             if not blocking:
                 return
             if time.monotonic() >= deadline:
-                raise StartupTimeoutError(f"restart {generation}: peers did not stop their previous attempt within "
-                                          f"{timeout:g}s: {', '.join(blocking)}")
+                raise StartupTimeoutError(
+                    f"restart {generation}: peers did not stop their previous attempt within "
+                    f"{timeout:g}s: {', '.join(blocking)}"
+                )
             time.sleep(PEER_POLL_SECONDS)
 
     def failed_peer(self, generation: int) -> str | None:
@@ -179,9 +189,16 @@ def _stop(child: subprocess.Popen[bytes], grace: float) -> None:
 class Supervisor:
     """Runs `command` as the training task described by `tf_config` and supervises it (see the module docstring)."""
 
-    def __init__(self, command: Sequence[str], env: Mapping[str, str], tf_config: Mapping[str, Any] | None,
-                 startup_timeout: float, max_restarts: int = 0, control: Control | None = None,
-                 grace: float = GRACE_SECONDS) -> None:
+    def __init__(
+        self,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        tf_config: Mapping[str, Any] | None,
+        startup_timeout: float,
+        max_restarts: int = 0,
+        control: Control | None = None,
+        grace: float = GRACE_SECONDS,
+    ) -> None:
         self.command = list(command)
         self.env = dict(env)
         self.tf_config = tf_config
@@ -209,8 +226,14 @@ class Supervisor:
                     return code
                 restarts += 1
                 nxt = max(generation + 1, self.control.first_generation() if self.control else 0)
-                log.info("%s: restart %d of %d in place (exit code %d); generation %d", self.name, restarts,
-                         self.max_restarts, code, nxt)
+                log.info(
+                    "%s: restart %d of %d in place (exit code %d); generation %d",
+                    self.name,
+                    restarts,
+                    self.max_restarts,
+                    code,
+                    nxt,
+                )
                 generation = nxt
 
     def _attempt(self, generation: int, signals: _Signals) -> int:
@@ -253,8 +276,12 @@ class Supervisor:
                 next_peer_check = now + PEER_POLL_SECONDS
                 peer = self.control.failed_peer(generation)
                 if peer:
-                    print(f"error: {self.name}: the supervisor at {peer} reports its training process failed; "
-                          "stopping this one to restart together", file=sys.stderr, flush=True)
+                    print(
+                        f"error: {self.name}: the supervisor at {peer} reports its training process failed; "
+                        "stopping this one to restart together",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     _stop(child, self.grace)
                     return EXIT_PEER_UNAVAILABLE
 
@@ -264,13 +291,22 @@ class Supervisor:
         if missing:
             detail = "unreachable: " + "; ".join(missing)
         else:
-            detail = "every peer accepts connections but the cluster did not form (" + ", ".join(a for _, a in peers) + ")"
-        print(f"error: {self.name}: cluster start-up did not finish within {self.startup_timeout:g}s; {detail}",
-              file=sys.stderr, flush=True)
+            detail = (
+                "every peer accepts connections but the cluster did not form (" + ", ".join(a for _, a in peers) + ")"
+            )
+        print(
+            f"error: {self.name}: cluster start-up did not finish within {self.startup_timeout:g}s; {detail}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
-def supervise(config: Any, tf_config: Mapping[str, Any], control_spec: Mapping[str, Sequence[str]] | None = None,
-              env: Mapping[str, str] | None = None) -> int:
+def supervise(
+    config: Any,
+    tf_config: Mapping[str, Any],
+    control_spec: Mapping[str, Sequence[str]] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> int:
     """Runs the training task `tf_config` describes in a supervised child process; returns its exit code.
 
     Args:
@@ -288,8 +324,14 @@ def supervise(config: Any, tf_config: Mapping[str, Any], control_spec: Mapping[s
         peers = [a for job in control_spec.values() for a in job if a != own]
         control = Control(split_address(own)[1], peers)
     try:
-        return Supervisor([sys.executable, "-m", "trainer.task"], child_env, tf_config, config.cluster.startup_timeout,
-                          config.cluster.max_restarts, control).run()
+        return Supervisor(
+            [sys.executable, "-m", "trainer.task"],
+            child_env,
+            tf_config,
+            config.cluster.startup_timeout,
+            config.cluster.max_restarts,
+            control,
+        ).run()
     finally:
         if control:
             control.close()

@@ -25,8 +25,10 @@ def check_topology(config: TrainConfig, tf_config: dict | None) -> None:
     if config.cluster.strategy == "parameter_server":
         check_ps_topology(tf_config)
     elif tf_config and tf_config["cluster"].get("ps"):
-        raise UsageError("TF_CONFIG has 'ps' tasks but the strategy is multi_worker_mirrored; "
-                         "allowed: no ps tasks, or --strategy parameter_server")
+        raise UsageError(
+            "TF_CONFIG has 'ps' tasks but the strategy is multi_worker_mirrored; "
+            "allowed: no ps tasks, or --strategy parameter_server"
+        )
 
 
 def run_task(config: TrainConfig, tf_config: dict | None) -> int:

@@ -25,28 +25,45 @@ from trainer.flags import Parser, add_settings, settings_from
 SETTINGS = {
     "data and model": ("data_dir", "model_dir", "checkpoint_dir", "run_id", "shuffle_buffer", "seed"),
     "optimisation": ("epochs", "batch_size", "learning_rate", "steps_per_epoch", "steps_per_execution", "validate"),
-    "cluster and timeouts": ("strategy", "startup_timeout", "collective_timeout", "max_restarts", "status_uri",
-                             "chief_timeout", "pack_bytes", "threads"),
+    "cluster and timeouts": (
+        "strategy",
+        "startup_timeout",
+        "collective_timeout",
+        "max_restarts",
+        "status_uri",
+        "chief_timeout",
+        "pack_bytes",
+        "threads",
+    ),
 }
 CONTROL_ENV = "TRAINER_CONTROL"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="trainer-train", description="Train the CNN on prepared shards, alone or as one task of a "
-                    "TF_CONFIG cluster.")
+    parser = Parser(
+        prog="trainer-train",
+        description="Train the CNN on prepared shards, alone or as one task of a TF_CONFIG cluster.",
+    )
     for title, names in SETTINGS.items():
         add_settings(parser.add_argument_group(title), names)
     wiring = parser.add_argument_group("cluster membership (default: the TF_CONFIG environment variable)")
     wiring.add_argument("--tf-config", default=None, help="TF_CONFIG JSON")
-    wiring.add_argument("--cluster-spec", default=None,
-                        help='instead of --tf-config: cluster JSON such as {"worker": ["h0:2222", "h1:2222"]}')
+    wiring.add_argument(
+        "--cluster-spec",
+        default=None,
+        help='instead of --tf-config: cluster JSON such as {"worker": ["h0:2222", "h1:2222"]}',
+    )
     wiring.add_argument("--worker-index", type=int, default=None, help="with --cluster-spec: this worker's index")
     return parser
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    return TrainConfig(runtime=settings_from(args, RuntimeConfig), data=settings_from(args, DataConfig),
-                       optim=settings_from(args, OptimConfig), cluster=settings_from(args, ClusterConfig))
+    return TrainConfig(
+        runtime=settings_from(args, RuntimeConfig),
+        data=settings_from(args, DataConfig),
+        optim=settings_from(args, OptimConfig),
+        cluster=settings_from(args, ClusterConfig),
+    )
 
 
 def tf_config_from_args(args: argparse.Namespace) -> dict[str, Any] | None:

@@ -40,8 +40,16 @@ class StandInCluster:
     dns: DnsServer
 
     @classmethod
-    def start(cls, directory: str | Path, host: str, *, namespace: str = "default", api_port: int = 0,
-              dns_port: int = 53, **standin_options) -> StandInCluster:
+    def start(
+        cls,
+        directory: str | Path,
+        host: str,
+        *,
+        namespace: str = "default",
+        api_port: int = 0,
+        dns_port: int = 53,
+        **standin_options,
+    ) -> StandInCluster:
         """Writes the in-cluster files for `host` under `directory`, then serves the API and DNS on `host`.
 
         Args:
@@ -83,8 +91,14 @@ class StandInCluster:
 
     def docker_args(self, pod_name: str) -> list[str]:
         """`docker run` flags that make a container this cluster's pod `pod_name` (DNS, search path, account, env)."""
-        args = ["--dns", self.files.host, "--dns-opt", "ndots:5",
-                "--mount", f"type=bind,src={self.files.serviceaccount},dst={SERVICEACCOUNT_MOUNT},readonly"]
+        args = [
+            "--dns",
+            self.files.host,
+            "--dns-opt",
+            "ndots:5",
+            "--mount",
+            f"type=bind,src={self.files.serviceaccount},dst={SERVICEACCOUNT_MOUNT},readonly",
+        ]
         for domain in search_domains(self.files.namespace, self.api.cluster_domain):
             args += ["--dns-search", domain]
         for name, value in self.pod_env(pod_name).items():

@@ -118,5 +118,3 @@ class DnsServer:
 def query(name: str, host: str, port: int, qtype: str = "A", tcp: bool = False, timeout: float = 2) -> DNSRecord:
     """Asks (host, port) one question with dnslib and returns the parsed reply."""
     return DNSRecord.parse(DNSRecord.question(name, qtype).send(host, port, tcp=tcp, timeout=timeout))
-
-

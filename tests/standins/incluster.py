@@ -46,13 +46,15 @@ class InCluster:
         from kubernetes.config.incluster_config import InClusterConfigLoader
 
         configuration = client.Configuration()
-        InClusterConfigLoader(token_filename=str(self.token_file), cert_filename=str(self.ca_file),
-                              environ=self.env(port)).load_and_set(configuration)
+        InClusterConfigLoader(
+            token_filename=str(self.token_file), cert_filename=str(self.ca_file), environ=self.env(port)
+        ).load_and_set(configuration)
         return configuration
 
 
-def make_incluster(directory: str | Path, host: str = "127.0.0.1", namespace: str = "default",
-                   token: str | None = None) -> InCluster:
+def make_incluster(
+    directory: str | Path, host: str = "127.0.0.1", namespace: str = "default", token: str | None = None
+) -> InCluster:
     """Writes a fresh CA, service-account files and a server certificate for `host` under `directory`.
 
     Args:
@@ -75,8 +77,14 @@ def make_incluster(directory: str | Path, host: str = "127.0.0.1", namespace: st
     account.chmod(0o755)
     server.chmod(0o700)
     ca = trustme.CA(organization_name="kfp-tf-multiworker stand-in cluster")
-    leaf = ca.issue_cert(host, "kubernetes", "kubernetes.default", "kubernetes.default.svc",
-                         "kubernetes.default.svc.cluster.local", common_name="kube-apiserver")
+    leaf = ca.issue_cert(
+        host,
+        "kubernetes",
+        "kubernetes.default",
+        "kubernetes.default.svc",
+        "kubernetes.default.svc.cluster.local",
+        common_name="kube-apiserver",
+    )
     (account / "token").write_text(token)
     ca.cert_pem.write_to_path(str(account / "ca.crt"))
     (account / "namespace").write_text(namespace)

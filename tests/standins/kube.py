@@ -31,13 +31,32 @@ from tests.standins import objects
 from tests.standins.objects import PatchError, SelectorError
 from tests.standins.serving import Served, serve
 
-_PATH = re.compile(r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
-                   r"/namespaces/(?P<ns>[^/]+)/(?P<resource>[^/]+)(?:/(?P<name>[^/]+))?/?$")
-KINDS = {"pods": "Pod", "services": "Service", "events": "Event", "configmaps": "ConfigMap", "secrets": "Secret",
-         "endpoints": "Endpoints", "serviceaccounts": "ServiceAccount"}
+_PATH = re.compile(
+    r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
+    r"/namespaces/(?P<ns>[^/]+)/(?P<resource>[^/]+)(?:/(?P<name>[^/]+))?/?$"
+)
+KINDS = {
+    "pods": "Pod",
+    "services": "Service",
+    "events": "Event",
+    "configmaps": "ConfigMap",
+    "secrets": "Secret",
+    "endpoints": "Endpoints",
+    "serviceaccounts": "ServiceAccount",
+}
 # Groups whose resources are built in and so accept a strategic merge patch; custom resources do not.
-BUILT_IN_GROUPS = {"", "apps", "batch", "policy", "autoscaling", "networking.k8s.io", "rbac.authorization.k8s.io",
-                   "coordination.k8s.io", "discovery.k8s.io", "events.k8s.io"}
+BUILT_IN_GROUPS = {
+    "",
+    "apps",
+    "batch",
+    "policy",
+    "autoscaling",
+    "networking.k8s.io",
+    "rbac.authorization.k8s.io",
+    "coordination.k8s.io",
+    "discovery.k8s.io",
+    "events.k8s.io",
+}
 DEFAULT_USER = "system:serviceaccount:kubeflow-user-example-com:default-editor"
 
 
@@ -87,8 +106,16 @@ class KubeStandIn:
             Workflow's name, KFP with the run id).
     """
 
-    def __init__(self, *, token: str | None = None, forbidden_namespaces=(), role: dict | None = None,
-                 user: str = DEFAULT_USER, cluster_domain: str = "cluster.local", pod_labels: dict | None = None):
+    def __init__(
+        self,
+        *,
+        token: str | None = None,
+        forbidden_namespaces=(),
+        role: dict | None = None,
+        user: str = DEFAULT_USER,
+        cluster_domain: str = "cluster.local",
+        pod_labels: dict | None = None,
+    ):
         self.pod_labels = dict(pod_labels or {})
         self.token = token
         self.forbidden = set(forbidden_namespaces)
@@ -111,8 +138,11 @@ class KubeStandIn:
     def items(self, resource: str, namespace: str | None = None) -> dict[tuple[str, str], dict]:
         """Copies of the stored objects of one resource as {(namespace, name): object}, in creation order."""
         with self._lock:
-            return {(ns, name): objects.clone(obj) for (res, ns, name), obj in self._objects.items()
-                    if res == resource and namespace in (None, ns)}
+            return {
+                (ns, name): objects.clone(obj)
+                for (res, ns, name), obj in self._objects.items()
+                if res == resource and namespace in (None, ns)
+            }
 
     def add(self, resource: str, namespace: str, obj: dict) -> dict:
         """Stores an object as if it had been created through the API (no call is recorded); returns it."""
@@ -122,24 +152,47 @@ class KubeStandIn:
             created = self._create(Target(resource, group, api_version, namespace, None), objects.clone(obj))
             return objects.clone(created)
 
-    def add_pod(self, namespace: str, name: str, *, labels: dict | None = None, ip: str | None = None,
-                phase: str | None = None, conditions: list[dict] | None = None, ready: bool = True) -> dict:
+    def add_pod(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        labels: dict | None = None,
+        ip: str | None = None,
+        phase: str | None = None,
+        conditions: list[dict] | None = None,
+        ready: bool = True,
+    ) -> dict:
         """Stores a pod in any state, e.g. Pending with condition PodScheduled False, reason Unschedulable."""
         status: dict[str, Any] = {"phase": phase or ("Running" if ip else "Pending")}
         if ip:
             status.update(podIP=ip, podIPs=[{"ip": ip}])
         status["conditions"] = conditions if conditions is not None else objects.running_conditions(ready) if ip else []
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": dict(labels or {})},
-               "spec": {"containers": [{"name": "main", "image": "stand-in"}]}, "status": status}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "labels": dict(labels or {})},
+            "spec": {"containers": [{"name": "main", "image": "stand-in"}]},
+            "status": status,
+        }
         return self.add("pods", namespace, pod)
 
     def add_event(self, namespace: str, pod: str, reason: str, message: str, event_type: str = "Warning") -> dict:
         """Stores an Event about a pod, as the scheduler or kubelet would write it."""
         now = _now()
-        event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": f"{pod}.{uuid.uuid4().hex[:16]}"},
-                 "involvedObject": {"kind": "Pod", "namespace": namespace, "name": pod, "apiVersion": "v1"},
-                 "reason": reason, "message": message, "type": event_type, "count": 1,
-                 "firstTimestamp": now, "lastTimestamp": now, "source": {"component": "default-scheduler"}}
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{pod}.{uuid.uuid4().hex[:16]}"},
+            "involvedObject": {"kind": "Pod", "namespace": namespace, "name": pod, "apiVersion": "v1"},
+            "reason": reason,
+            "message": message,
+            "type": event_type,
+            "count": 1,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "source": {"component": "default-scheduler"},
+        }
         return self.add("events", namespace, event)
 
     def dns_records(self) -> dict[str, list[str]]:
@@ -156,9 +209,15 @@ class KubeStandIn:
                 if res != "services" or not spec.get("selector"):
                     continue
                 wanted = spec["selector"].items()
-                ips = sorted({p["status"]["podIP"] for p in pods if p["metadata"]["namespace"] == ns
-                              and wanted <= p["metadata"].get("labels", {}).items()
-                              and (spec.get("publishNotReadyAddresses") or objects.pod_ready(p))})
+                ips = sorted(
+                    {
+                        p["status"]["podIP"]
+                        for p in pods
+                        if p["metadata"]["namespace"] == ns
+                        and wanted <= p["metadata"].get("labels", {}).items()
+                        and (spec.get("publishNotReadyAddresses") or objects.pod_ready(p))
+                    }
+                )
                 if ips:
                     records[f"{name}.{ns}.svc.{self.cluster_domain}"] = ips
             return records
@@ -184,8 +243,13 @@ class KubeStandIn:
         if not m:
             return _json(objects.status(404, "NotFound", "the server could not find the requested resource"), 404)
         group, resource = m["group"] or "", m["resource"]
-        target = Target(f"{resource}.{group}" if group else resource, group,
-                        f"{group}/{m['version']}" if group else "v1", m["ns"], m["name"])
+        target = Target(
+            f"{resource}.{group}" if group else resource,
+            group,
+            f"{group}/{m['version']}" if group else "v1",
+            m["ns"],
+            m["name"],
+        )
         verb = self._verb(request, target.name)
         with self._lock:
             self.calls.append(Call(verb, target.key, target.namespace, target.name))
@@ -212,9 +276,13 @@ class KubeStandIn:
         group, ns, name = target.group, target.namespace, target.name
         if ns in self.forbidden or (self.role and not objects.role_grants(self.role, group, resource, verb, name)):
             named = f' "{name}"' if name else ""
-            raise _Failure(403, "Forbidden", f'{target.key}{named} is forbidden: User "{self.user}" cannot {verb} '
-                           f'resource "{resource}" in API group "{group}" in the namespace "{ns}"',
-                           {"name": name or "", "group": group, "kind": resource})
+            raise _Failure(
+                403,
+                "Forbidden",
+                f'{target.key}{named} is forbidden: User "{self.user}" cannot {verb} '
+                f'resource "{resource}" in API group "{group}" in the namespace "{ns}"',
+                {"name": name or "", "group": group, "kind": resource},
+            )
 
     def _dispatch(self, request: Request, verb: str, target: Target) -> tuple[int, Any]:
         key, ns, name = target.key, target.namespace, target.name
@@ -226,20 +294,31 @@ class KubeStandIn:
                 fields = objects.field_matcher(request.args.get("fieldSelector"))
             except SelectorError as err:
                 raise _Failure(400, "BadRequest", str(err)) from None
-            found = [(n, o) for (r, s, n), o in self._objects.items() if r == key and s == ns
-                     and labels(o["metadata"].get("labels", {})) and fields(o)]
+            found = [
+                (n, o)
+                for (r, s, n), o in self._objects.items()
+                if r == key and s == ns and labels(o["metadata"].get("labels", {})) and fields(o)
+            ]
             if verb == "deletecollection":
                 for found_name, _ in found:
                     del self._objects[(key, ns, found_name)]
-            return 200, {"kind": self._kind(key, found) + "List", "apiVersion": target.api_version,
-                         "metadata": {"resourceVersion": str(self._version)}, "items": [o for _, o in found]}
+            return 200, {
+                "kind": self._kind(key, found) + "List",
+                "apiVersion": target.api_version,
+                "metadata": {"resourceVersion": str(self._version)},
+                "items": [o for _, o in found],
+            }
         if verb == "watch":
             raise _Failure(405, "MethodNotAllowed", "the stand-in does not support watch")
         current = self._objects.get((key, ns, name))
-        if current is None and key == "pods" and verb in ("get", "patch"):  # the kubelet made it before its container ran
-            current = self._create(target, {"apiVersion": "v1", "kind": "Pod",
-                                            "metadata": {"name": name, "labels": dict(self.pod_labels)}},
-                                   request.remote_addr)
+        if (
+            current is None and key == "pods" and verb in ("get", "patch")
+        ):  # the kubelet made it before its container ran
+            current = self._create(
+                target,
+                {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": dict(self.pod_labels)}},
+                request.remote_addr,
+            )
         if current is None:
             raise _Failure(404, "NotFound", f'{key} "{name}" not found', self._details(target))
         if verb == "get":
@@ -264,11 +343,18 @@ class KubeStandIn:
         if not meta.get("name"):
             raise _Failure(422, "Invalid", f"{key} is invalid: metadata.name: Required value: name is required")
         if meta.get("namespace", ns) != ns:
-            raise _Failure(400, "BadRequest", "the namespace of the provided object does not match the namespace "
-                                              "sent on the request")
+            raise _Failure(
+                400,
+                "BadRequest",
+                "the namespace of the provided object does not match the namespace sent on the request",
+            )
         if (key, ns, meta["name"]) in self._objects:
-            raise _Failure(409, "AlreadyExists", f'{key} "{meta["name"]}" already exists',
-                           self._details(target._replace(name=meta["name"])))
+            raise _Failure(
+                409,
+                "AlreadyExists",
+                f'{key} "{meta["name"]}" already exists',
+                self._details(target._replace(name=meta["name"])),
+            )
         meta.update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now())
         obj.setdefault("kind", KINDS.get(key, key.split(".")[0].rstrip("s").capitalize()))
         obj.setdefault("apiVersion", target.api_version)
@@ -291,8 +377,11 @@ class KubeStandIn:
             else:
                 accepted = "application/json-patch+json, application/merge-patch+json"
                 accepted += ", application/strategic-merge-patch+json" if strategic else ""
-                raise _Failure(415, "UnsupportedMediaType", "the body of the request was in an unknown format - "
-                               f"accepted media types include: {accepted}")
+                raise _Failure(
+                    415,
+                    "UnsupportedMediaType",
+                    f"the body of the request was in an unknown format - accepted media types include: {accepted}",
+                )
         except PatchError as err:
             raise _Failure(422 if "test failed" in str(err) else 400, "Invalid", str(err)) from None
         updated = self._replace(target, current, patched, check_version=False)
@@ -306,8 +395,12 @@ class KubeStandIn:
             raise _Failure(400, "BadRequest", f"the name of the object ({name}) does not match the body")
         version = new["metadata"].get("resourceVersion")
         if check_version and version and version != current["metadata"]["resourceVersion"]:
-            raise _Failure(409, "Conflict", f'Operation cannot be fulfilled on {key} "{name}": the object has been '
-                                            f'modified; please apply your changes to the latest version and try again')
+            raise _Failure(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on {key} "{name}": the object has been '
+                f"modified; please apply your changes to the latest version and try again",
+            )
         for field in ("namespace", "uid", "creationTimestamp"):
             new["metadata"][field] = current["metadata"][field]
         if target.group in BUILT_IN_GROUPS and "status" in current:  # status is a subresource: kept as it was
@@ -317,8 +410,11 @@ class KubeStandIn:
 
     def _collect_garbage(self, owner_uid: str) -> None:
         """The garbage collector: objects whose ownerReferences name a deleted object go too (and theirs)."""
-        owned = [key for key, obj in self._objects.items()
-                 if any(ref.get("uid") == owner_uid for ref in obj["metadata"].get("ownerReferences", []))]
+        owned = [
+            key
+            for key, obj in self._objects.items()
+            if any(ref.get("uid") == owner_uid for ref in obj["metadata"].get("ownerReferences", []))
+        ]
         for key in owned:
             uid = self._objects.pop(key)["metadata"]["uid"]
             self._collect_garbage(uid)

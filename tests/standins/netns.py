@@ -105,23 +105,43 @@ class NetnsPod:
         shutil.rmtree(ETC_NETNS / self.name, ignore_errors=True)
         if self._made_etc_netns and ETC_NETNS.is_dir() and not any(ETC_NETNS.iterdir()):
             ETC_NETNS.rmdir()
-        left = [what for what, there in (
-            (f"netns {self.name}", self.name in _ip("netns", "list").stdout.split()),
-            (f"link {self.veth}", _ip("link", "show", self.veth, check=False).returncode == 0),
-            (f"{ETC_NETNS / self.name}", (ETC_NETNS / self.name).exists())) if there]
+        left = [
+            what
+            for what, there in (
+                (f"netns {self.name}", self.name in _ip("netns", "list").stdout.split()),
+                (f"link {self.veth}", _ip("link", "show", self.veth, check=False).returncode == 0),
+                (f"{ETC_NETNS / self.name}", (ETC_NETNS / self.name).exists()),
+            )
+            if there
+        ]
         if left:
             raise RuntimeError(f"clean-up left {', '.join(left)}")
 
-    def run(self, argv: list[str], *, env: dict[str, str] | None = None, serviceaccount: str | Path | None = None,
-            timeout: float = 60) -> subprocess.CompletedProcess:
+    def run(
+        self,
+        argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        serviceaccount: str | Path | None = None,
+        timeout: float = 60,
+    ) -> subprocess.CompletedProcess:
         """Runs `argv` in the pod (its network and resolv.conf), optionally with `serviceaccount` mounted."""
         command = ["ip", "netns", "exec", self.name]
         if serviceaccount is not None:
             run = Path(os.path.realpath("/var/run"))  # /run here; the tmpfs keeps the host's /run out of sight
             mount = run / Path(SERVICEACCOUNT_MOUNT).relative_to("/var/run")
             script = _MOUNT_SERVICEACCOUNT.format(run=run, mount=mount)
-            command += ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "pod",
-                        str(serviceaccount)]
+            command += [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                script,
+                "pod",
+                str(serviceaccount),
+            ]
         return subprocess.run(command + list(argv), env=env, capture_output=True, text=True, timeout=timeout)
 
     def __enter__(self) -> NetnsPod:

@@ -188,9 +188,15 @@ def json_patch(target: Any, operations: list[Mapping[str, Any]]) -> Any:
 
 def status(code: int, reason: str, message: str, details: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A `Status` body as the API server sends it with an error (or with a successful delete)."""
-    body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {},
-                            "status": "Success" if code < 400 else "Failure", "message": message,
-                            "reason": reason, "code": code}
+    body: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success" if code < 400 else "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
     if details:
         body["details"] = dict(details)
     if code < 400:
@@ -206,11 +212,17 @@ def clone(obj: Any) -> Any:
 
 def role_grants(role: Mapping[str, Any], group: str, resource: str, verb: str, name: str | None) -> bool:
     """Whether an RBAC Role's rules allow `verb` on `resource` (of API `group`, "" for core), by name if set."""
+
     def allows(rule: Mapping[str, Any], field: str, value: str | None) -> bool:
         return value in rule.get(field, []) or "*" in rule.get(field, [])
 
-    return any(allows(rule, "apiGroups", group) and allows(rule, "resources", resource) and allows(rule, "verbs", verb)
-               and (not rule.get("resourceNames") or name in rule["resourceNames"]) for rule in role.get("rules", []))
+    return any(
+        allows(rule, "apiGroups", group)
+        and allows(rule, "resources", resource)
+        and allows(rule, "verbs", verb)
+        and (not rule.get("resourceNames") or name in rule["resourceNames"])
+        for rule in role.get("rules", [])
+    )
 
 
 def pod_ready(pod: Mapping[str, Any]) -> bool:
@@ -221,5 +233,7 @@ def pod_ready(pod: Mapping[str, Any]) -> bool:
 
 def running_conditions(ready: bool = True) -> list[dict[str, str]]:
     """The conditions of a started pod; `ready=False` leaves ContainersReady and Ready False."""
-    return [{"type": kind, "status": "True" if ready or kind in ("PodScheduled", "Initialized") else "False"}
-            for kind in ("PodScheduled", "Initialized", "ContainersReady", "Ready")]
+    return [
+        {"type": kind, "status": "True" if ready or kind in ("PodScheduled", "Initialized") else "False"}
+        for kind in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+    ]
