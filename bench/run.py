@@ -38,9 +38,8 @@ def _run(args, env=None, timeout=1800):
     started = time.perf_counter()
     result = subprocess.run(args, cwd=ROOT, env=env or _env(), capture_output=True, text=True, timeout=timeout)
     if result.returncode:
-        raise SystemExit(
-            f"benchmark step failed ({' '.join(map(str, args[:6]))}...):\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
-        )
+        command = " ".join(map(str, args[:6]))
+        raise SystemExit(f"benchmark step failed ({command}...):\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
     return result, time.perf_counter() - started
 
 
@@ -299,13 +298,19 @@ def markdown(results):
     lines = [
         f"# Benchmarks ({r['mode']} run)",
         "",
-        f"Measured {r['date']} by `make bench{' -- --quick' if r['mode'] == 'quick' else ''}` on {r['machine']['cores']} CPU cores "
+        f"Measured {r['date']} by `make bench{' -- --quick' if r['mode'] == 'quick' else ''}` on "
+        f"{r['machine']['cores']} CPU cores "
         f"({r['machine']['processor']}), TensorFlow {r['machine']['tensorflow']}, no GPU. Dataset: {r['dataset']} "
-        f"({r['train_examples']} training examples). Throughput runs: {r['epochs']} epochs of {r['examples_per_epoch']} examples, "
-        "batch 64 per worker unless stated, examples/s averaged over the epochs after the first; the baseline, 1 worker and "
-        f"2 workers ran {r['repeats']} time(s) in turn and the median run is shown (all samples in the JSON). The trainer runs "
-        f"{r['steps_per_execution']} steps per call of its compiled step function (its default `--steps-per-execution`); the baseline "
-        f'is plain Keras with its default of 1, and the row "baseline, steps_per_execution {r["steps_per_execution"]}" gives plain Keras '
+        f"({r['train_examples']} training examples). Throughput runs: {r['epochs']} epochs of "
+        f"{r['examples_per_epoch']} examples, "
+        "batch 64 per worker unless stated, examples/s averaged over the epochs after the first; the baseline, 1 "
+        "worker and "
+        f"2 workers ran {r['repeats']} time(s) in turn and the median run is shown (all samples in the JSON). The "
+        "trainer runs "
+        f"{r['steps_per_execution']} steps per call of its compiled step function (its default "
+        "`--steps-per-execution`); the baseline "
+        f'is plain Keras with its default of 1, and the row "baseline, steps_per_execution '
+        f'{r["steps_per_execution"]}" gives plain Keras '
         "the same setting. All numbers come from this one run on this one machine.",
         "",
         "## Goals",
@@ -334,14 +339,17 @@ def markdown(results):
         "",
         "| measure | value |",
         "| --- | ---: |",
-        f"| input pipeline alone (TFRecord read + decode + shuffle + batch), examples/s | {r['input_pipeline_examples_per_second']:.0f} |",
+        f"| input pipeline alone (TFRecord read + decode + shuffle + batch), examples/s | "
+        f"{r['input_pipeline_examples_per_second']:.0f} |",
         f"| input pipeline ÷ 1-worker training throughput | {r['input_pipeline_examples_per_second'] / one:.1f}× |",
         f"| step time, 1 process with 1 thread (batch 64) | {r['allreduce']['single_thread_step_ms']:.1f} ms |",
-        f"| step time, 2 workers (batch 64 each, 1 thread each, gradients all-reduced as one pack: TensorFlow's default) | {r['allreduce']['two_worker_step_ms']:.1f} ms |",
+        "| step time, 2 workers (batch 64 each, 1 thread each, gradients all-reduced as one pack: TensorFlow's "
+        f"default) | {r['allreduce']['two_worker_step_ms']:.1f} ms |",
         f"| all-reduce and synchronisation per step (difference) | {r['allreduce']['cost_ms']:.1f} ms |",
         *(
             [
-                f"| step time, 2 workers, one all-reduce per gradient tensor ({r['allreduce']['gradient_tensors']}, `--pack-bytes 1`) | "
+                f"| step time, 2 workers, one all-reduce per gradient tensor ({r['allreduce']['gradient_tensors']}, "
+                "`--pack-bytes 1`) | "
                 f"{r['allreduce']['unpacked_step_ms']:.1f} ms |"
             ]
             if "unpacked_step_ms" in r["allreduce"]
@@ -351,13 +359,15 @@ def markdown(results):
         f"| `import tensorflow, tf_keras` | {r['startup']['import_tf_keras_s']:.1f} s |",
         f"| dense matmul ceiling (2048², float32) | {r['ceiling_gflops']:.1f} GFLOP/s |",
         f"| training FLOP/s, 1 worker ({r['train_flops_per_example'] / 1e6:.1f} MFLOP per example) | "
-        f"{one * r['train_flops_per_example'] / 1e9:.1f} GFLOP/s = {100 * one * r['train_flops_per_example'] / 1e9 / r['ceiling_gflops']:.0f}% of the ceiling |",
+        f"{one * r['train_flops_per_example'] / 1e9:.1f} GFLOP/s = "
+        f"{100 * one * r['train_flops_per_example'] / 1e9 / r['ceiling_gflops']:.0f}% of the ceiling |",
         "",
     ]
     if "time_to_accuracy" in r:
         t = r["time_to_accuracy"]
         reached = (
-            f"reached test accuracy {t['target']:.2f} after {t['seconds_to_target']:.0f} s of training (epoch {t['epoch_at_target']})"
+            f"reached test accuracy {t['target']:.2f} after {t['seconds_to_target']:.0f} s of training (epoch "
+            f"{t['epoch_at_target']})"
             if t["seconds_to_target"] is not None
             else f"did not reach test accuracy {t['target']:.2f}"
         )
@@ -365,7 +375,8 @@ def markdown(results):
         lines += [
             "## Time to accuracy",
             "",
-            f"2 workers on full Fashion-MNIST, {t['epochs']} epochs: {reached}; test accuracy after each epoch {curve}; "
+            f"2 workers on full Fashion-MNIST, {t['epochs']} epochs: {reached}; test accuracy after each epoch "
+            f"{curve}; "
             f"final test accuracy {t['final_accuracy']:.4f} (evaluated from the exported SavedModel); whole run "
             f"{t['wall_seconds']:.0f} s including start-up.",
             "",
@@ -376,11 +387,14 @@ def markdown(results):
         "",
         "| measure | value |",
         "| --- | ---: |",
-        f"| `python pipelines/mnist.py --compile` (whole command, median of {p['compiles']}) | {p['compile_seconds']:.2f} s |",
-        f"| local pipeline run (kfp.local, 2 workers, shipped sample, {p['epochs']} epochs) | {p['local_run_seconds']:.1f} s |",
+        f"| `python pipelines/mnist.py --compile` (whole command, median of {p['compiles']}) | "
+        f"{p['compile_seconds']:.2f} s |",
+        f"| local pipeline run (kfp.local, 2 workers, shipped sample, {p['epochs']} epochs) | "
+        f"{p['local_run_seconds']:.1f} s |",
         f"| … of which training (both workers, in parallel) | {p['training_seconds']:.1f} s |",
         f"| … of which evaluation | {p['evaluation_seconds']:.1f} s |",
-        f"| overhead (data preparation, cluster step, kfp orchestration, process start-ups) | {p['overhead_seconds']:.1f} s |",
+        f"| overhead (data preparation, cluster step, kfp orchestration, process start-ups) | "
+        f"{p['overhead_seconds']:.1f} s |",
         f"| test accuracy of that run | {p['accuracy']:.4f} |",
         "",
         f"![throughput]({'../bench/results/' if r['mode'] == 'full' else ''}{r['mode']}.png)",

@@ -17,6 +17,7 @@ from trainer import config
 
 
 def is_setting(name: str) -> bool:
+    """Whether `name` is a setting of the contract."""
     try:
         config.field(name)
     except KeyError:

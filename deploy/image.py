@@ -121,6 +121,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line of deploy/image.py: a sub-command (build, engine, base) and its options."""
     parser = _Parser(prog="deploy/image.py", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     build_parser = commands.add_parser("build", help="build the image (engine and base image first)")
@@ -146,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
             built = build(check_tag(args.tag or f"kfp-tf-multiworker:{version()}"))
             print(
                 f"image {built.tag} id {built.image_id} size {built.size / 1e9:.2f} GB ({built.size} bytes); "
-                f"docker build {built.build_seconds:.1f} s, total {built.total_seconds:.1f} s (base image: {built.base})"
+                f"docker build {built.build_seconds:.1f} s, total {built.total_seconds:.1f} s (base image: "
+                f"{built.base})"
             )
     except SetupError as err:
         print(f"error: {err}", file=sys.stderr)

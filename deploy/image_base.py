@@ -76,7 +76,8 @@ def ensure_base(cli: str, name: str) -> str:
         How it was obtained: "present", "pulled" or "stand-in".
 
     Raises:
-        SetupError: it cannot be pulled and no stand-in can be made for it (not root, or not python:3.11.X-slim-bookworm).
+        SetupError: it cannot be pulled and no stand-in can be made for it (not root, or not
+        python:3.11.X-slim-bookworm).
     """
     if image_exists(cli, name):
         return "present"
@@ -128,7 +129,10 @@ def build_stand_in(cli: str, name: str) -> None:
 
 
 def bootstrap(rootfs: Path, mirror: str, hosts: list[str]) -> None:
-    """Debootstrap's minbase bookworm with python3-venv into `rootfs`; output is shown (mirror redacted) only on failure."""
+    """Debootstrap's minbase bookworm with python3-venv into `rootfs`.
+
+    The output is shown (mirror redacted) only on failure.
+    """
     result = run(
         ["debootstrap", "--variant=minbase", f"--include={PACKAGES}", "bookworm", rootfs, mirror], timeout=1800
     )
@@ -161,7 +165,8 @@ def install_python(rootfs: Path) -> None:
 def sanitise_rootfs(rootfs: Path) -> None:
     """Leaves nothing of the build host in `rootfs`: public apt sources, no apt lists or caches, no logs, no resolver.
 
-    debootstrap writes the mirror into /etc/apt/sources.list and its log, and copies the host's resolv.conf and hostname.
+    debootstrap writes the mirror into /etc/apt/sources.list and its log, and copies the host's resolv.conf and
+    hostname.
     """
     apt = rootfs / "etc" / "apt"
     (apt / "sources.list").write_text(f"deb {PUBLIC_DEBIAN} bookworm main\n")

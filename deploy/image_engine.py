@@ -37,6 +37,7 @@ class Engine:
 
     @property
     def managed(self) -> bool:
+        """Whether this is the engine `make image` started (its state under /var/lib/kfp-tf-multiworker)."""
         return Path(self.root_dir) == DATA_ROOT
 
 
@@ -79,7 +80,8 @@ def ensure_engine() -> Engine:
     """Returns a running Docker Engine, installing Debian's docker.io and starting dockerd when root and none answers.
 
     The dockerd started here keeps its state in /var/lib/kfp-tf-multiworker/docker (later builds are warm), logs to
-    /var/lib/kfp-tf-multiworker/dockerd.log, leaves iptables and ip_forward alone, uses a bridge in 198.18.0.0/15, listens
+    /var/lib/kfp-tf-multiworker/dockerd.log, leaves iptables and ip_forward alone, uses a bridge in 198.18.0.0/15,
+    listens
     on /var/run/docker.sock and keeps running after this process ends.
 
     Raises:
@@ -91,7 +93,8 @@ def ensure_engine() -> Engine:
         return engine
     if os.environ.get("DOCKER_HOST"):
         raise SetupError(
-            f"DOCKER_HOST={os.environ['DOCKER_HOST']} does not answer `docker info`; start that engine or unset DOCKER_HOST"
+            f"DOCKER_HOST={os.environ['DOCKER_HOST']} does not answer `docker info`; start that engine or unset "
+            "DOCKER_HOST"
         )
     socket = Path(SOCKET.removeprefix("unix://"))
     if os.geteuid() != 0 and socket.exists() and not os.access(socket, os.R_OK | os.W_OK):
@@ -167,8 +170,10 @@ def cli_version(cli: str) -> tuple[int, ...]:
 
 
 def find_builder(clis: list[str] | None = None) -> Builder:
-    """A docker CLI that builds with BuildKit secrets: `docker buildx build` if there is buildx, else a 20.10+ CLI
-    below 23 with DOCKER_BUILDKIT=1 (BuildKit built in; from 23 on it needs buildx).
+    """A docker CLI that builds with BuildKit secrets.
+
+    `docker buildx build` if there is buildx, else a 20.10+ CLI below 23 with DOCKER_BUILDKIT=1 (BuildKit built in;
+    from 23 on it needs buildx).
 
     Raises:
         SetupError: no docker CLI here can build with BuildKit.

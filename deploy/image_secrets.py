@@ -86,7 +86,7 @@ def host_pip_settings() -> dict[str, str]:
 
 
 def host_ca_bundle(settings: dict[str, str]) -> Path | None:
-    """The CA bundle the host's pip trusts: the file its `cert` names, else the system bundle; None if neither exists."""
+    """The CA bundle the host's pip trusts: the file its `cert` names, else the system one; None if neither exists."""
     for candidate in (settings.get("cert"), SYSTEM_CA):
         if candidate and Path(candidate).is_file():
             return Path(candidate)
@@ -101,7 +101,8 @@ def write_secrets(directory: Path, settings: dict[str, str]) -> list[str]:
         settings: effective host pip settings.
 
     Returns:
-        `docker build` options: `--secret id=pipconf,src=...` and, when there is a CA bundle, `--secret id=cacert,src=...`.
+        `docker build` options: `--secret id=pipconf,src=...` and, when there is a CA bundle, `--secret
+        id=cacert,src=...`.
     """
     ca = host_ca_bundle(settings)
     conf = directory / "pip.conf"

@@ -155,6 +155,7 @@ def _attribute_doc(name: str) -> str:
 
 
 def pod_settings(args: argparse.Namespace) -> PodSettings:
+    """The training pods' settings from the parsed flags."""
     return PodSettings(**{name: getattr(args, name) for name in PodSettings.__dataclass_fields__})
 
 
@@ -221,6 +222,7 @@ def _server(args: argparse.Namespace, action: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs one action of the pipeline CLI; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
 
     def body() -> int:

@@ -226,6 +226,7 @@ def _raise(err: Exception) -> None:
 def start_run(
     client: Any, host: str, experiment: str, job_name: str, pipeline_id: str, version_id: str, params: dict[str, Any]
 ) -> str:
+    """Starts one run of the pipeline version in the experiment; returns the run's id."""
     run = _server_call(
         "create run",
         host,
@@ -255,6 +256,7 @@ def schedule(
     start_time: str | None = None,
     end_time: str | None = None,
 ) -> str:
+    """Creates a recurring run (cron or interval) of the pipeline version; returns its id."""
     recurring = _server_call(
         "create recurring run",
         host,

@@ -1,4 +1,5 @@
-"""The benchmark's own arithmetic, and the published results: generated from the recorded run, meeting issue #7's goals."""
+"""The benchmark's own arithmetic, and the published results: generated from the recorded run, meeting issue #7's "
+"goals."""
 
 import importlib.util
 import json

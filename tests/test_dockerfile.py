@@ -1,4 +1,5 @@
-"""The image definition: lint-clean, pinned, non-root, installing exactly what setup.cfg pins, pip secrets mounted only."""
+"""The image definition: lint-clean, pinned, non-root, installing exactly what setup.cfg pins, pip secrets mounted "
+"only."""
 
 import configparser
 import re

@@ -65,7 +65,8 @@ def _certificates(text: bytes):
 def stock_certificates():
     """DER bytes of Debian's stock CA set (/usr/share/ca-certificates/mozilla), else of Mozilla's set in certifi.
 
-    Debian's set comes first: a certifi can be patched to hold a local CA (the host's pyenv one here holds the egress CA).
+    Debian's set comes first: a certifi can be patched to hold a local CA (the host's pyenv one here holds the egress
+    CA).
     """
     stock = set()
     for path in Path("/usr/share/ca-certificates/mozilla").glob("*.crt"):
@@ -78,7 +79,8 @@ def stock_certificates():
 
 
 def host_only_certificates():
-    """(DER, PEM body) of each certificate in the host's CA bundles that is not a stock one: the egress CA and the like."""
+    """(DER, PEM body) of each certificate in the host's CA bundles that is not a stock one: the egress CA and the "
+    "like."""
     found = {}
     for bundle in filter(None, HOST_BUNDLES):
         if Path(bundle).is_file():

@@ -40,7 +40,8 @@ def test_short_epochs_decode_the_files_once(sample_data, tmp_path):
 
 
 def test_the_stream_is_declared_endless(sample_data):
-    """A finite or unknown cardinality makes MultiWorkerMirroredStrategy all-reduce a has-data flag before every step."""
+    """A finite or unknown cardinality makes MultiWorkerMirroredStrategy all-reduce a has-data flag before every "
+    "step."""
     meta = load_metadata(sample_data)
     dataset = train_dataset(sample_data, meta, DataConfig(), 50, 10, 2, 1, tf.Variable(0, dtype=tf.int64))
     assert dataset.cardinality().numpy() == tf.data.INFINITE_CARDINALITY

@@ -110,8 +110,8 @@ def test_quality_gate_guards_publishing(spec):
         t["triggerPolicy"]["condition"] for t in tasks.values() if "condition" in t.get("triggerPolicy", {})
     )
     assert (
-        "inputs.parameter_values['pipelinechannel--evaluate-Output'] >= inputs.parameter_values['pipelinechannel--min_accuracy']"
-        in conditions
+        "inputs.parameter_values['pipelinechannel--evaluate-Output'] >= "
+        "inputs.parameter_values['pipelinechannel--min_accuracy']" in conditions
     )
     assert "inputs.parameter_values['pipelinechannel--publish_uri'] != ''" in conditions
     assert (

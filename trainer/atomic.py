@@ -19,6 +19,7 @@ def _gfile():
 
 
 def is_local(path: str) -> bool:
+    """Whether `path` is a local path rather than a URI."""
     return "://" not in path
 
 
@@ -70,6 +71,7 @@ def atomic_directory(path: str, overwrite: bool = True) -> Iterator[str]:
 
 
 def remove_tree(path: str) -> None:
+    """Removes a directory tree, local or at a URI; what is missing is fine."""
     if is_local(path):
         import shutil
 
@@ -102,6 +104,7 @@ def write_json(path: str, data: Any) -> None:
 
 
 def read_json(path: str) -> Any:
+    """Reads a JSON document from a local path or a URI."""
     if is_local(path):
         with open(path) as f:
             return json.load(f)
@@ -110,4 +113,5 @@ def read_json(path: str) -> Any:
 
 
 def exists(path: str) -> bool:
+    """Whether a local path or a URI exists."""
     return os.path.exists(path) if is_local(path) else _gfile().exists(path)

@@ -39,6 +39,7 @@ class _StderrHandler(logging.StreamHandler):
 
 
 def setup_logging(prefix: str = "") -> None:
+    """Logs INFO and above to stderr, each line with its time, `prefix`, level and logger."""
     handler = _StderrHandler()
     handler.setFormatter(
         logging.Formatter(f"%(asctime)s {prefix}%(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")

@@ -155,6 +155,7 @@ def is_chief(tf_config: Mapping[str, Any] | None) -> bool:
 
 
 def own_address(tf_config: Mapping[str, Any]) -> str:
+    """This task's own address in its TF_CONFIG."""
     task = tf_config["task"]
     return tf_config["cluster"][task["type"]][task["index"]]
 

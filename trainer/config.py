@@ -41,34 +41,42 @@ def _is_number(value: Any) -> bool:
 
 
 def at_least(low: int, what: str = "an integer") -> Check:
+    """Allows integers from `low` up."""
     return Check(lambda v: _is_int(v) and v >= low, f"{what} of at least {low}")
 
 
 def int_between(low: int, high: int) -> Check:
+    """Allows integers from `low` to `high`."""
     return Check(lambda v: _is_int(v) and low <= v <= high, f"an integer from {low} to {high}")
 
 
 def above(low: float, what: str = "a number") -> Check:
+    """Allows finite numbers above `low`."""
     return Check(lambda v: _is_number(v) and v > low, f"{what} above {low:g}")
 
 
 def not_below(low: float, what: str = "a number") -> Check:
+    """Allows finite numbers from `low` up."""
     return Check(lambda v: _is_number(v) and v >= low, f"{what} of at least {low:g}")
 
 
 def number_between(low: float, high: float) -> Check:
+    """Allows finite numbers from `low` to `high`."""
     return Check(lambda v: _is_number(v) and low <= v <= high, f"a number from {low:g} to {high:g}")
 
 
 def one_of(*choices: str) -> Check:
+    """Allows exactly these strings."""
     return Check(lambda v: v in choices, ", ".join(choices))
 
 
 def text(what: str = "text") -> Check:
+    """Allows any string."""
     return Check(lambda v: isinstance(v, str), what)
 
 
 def non_empty(what: str = "a non-empty path") -> Check:
+    """Allows strings that are not blank."""
     return Check(lambda v: isinstance(v, str) and bool(v.strip()), what)
 
 
@@ -277,10 +285,12 @@ class TrainConfig:
     cluster: ClusterConfig = ClusterConfig()
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
+        """The settings as plain JSON-ready dicts, group by group."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, values: dict[str, dict[str, Any]]) -> TrainConfig:
+        """The config from `to_dict`'s output (every value checked again)."""
         return cls(**{f.name: GROUPS[f.name](**values.get(f.name, {})) for f in dataclasses.fields(cls)})
 
     def replace(self, **changes: Any) -> TrainConfig:
@@ -330,6 +340,7 @@ def fields() -> Iterator[dataclasses.Field]:
 
 
 def field(name: str) -> dataclasses.Field:
+    """The declaration of the setting `name`."""
     for f in fields():
         if f.name == name:
             return f
@@ -337,6 +348,7 @@ def field(name: str) -> dataclasses.Field:
 
 
 def group_of(name: str) -> str:
+    """The group (`runtime`, `data`, `optim`, `cluster`, `publish`) the setting `name` belongs to."""
     for group, cls in GROUPS.items():
         if name in {f.name for f in dataclasses.fields(cls)}:
             return group
@@ -357,6 +369,7 @@ def pipeline_default(name: str) -> Any:
 
 
 def help_text(name: str) -> str:
+    """The help text of the setting `name`: its CLI help and its pipeline description."""
     return field(name).metadata["help"]
 
 

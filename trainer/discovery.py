@@ -1,5 +1,4 @@
-"""Joining a run's cluster on Kubernetes: publish this task under its Service name, wait for every peer's, and say
-why a peer is missing.
+"""Joining a run's cluster on Kubernetes: a Service name per task, every name resolved, and why a peer is missing.
 
 A task creates its Service, labels its own pod, then waits until its own name resolves to its own pod IP (TensorFlow
 dials its own address too) and every peer's name resolves. While it waits it looks at the run's pods: a peer whose
@@ -38,6 +37,7 @@ def own_ip() -> str:
 
 
 def resolved(host: str) -> set[str]:
+    """The IPv4/IPv6 addresses `host` resolves to now (empty when it does not)."""
     try:
         return {info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
     except socket.gaierror:
@@ -75,8 +75,9 @@ def join_cluster(
 
 
 def leave_cluster(run_id: str, position: int, api: Any = None) -> None:
-    """Deletes this task's Service when its step ends; a failure to do so is logged, not raised (the run's
-    Workflow owns the Service and removes it with the run).
+    """Deletes this task's Service when its step ends.
+
+    A failure to do so is logged, not raised: the run's Workflow owns the Service and removes it with the run.
     """
     from trainer.errors import KubernetesError
 
@@ -115,9 +116,8 @@ def wait_for_names(
                 if stuck
                 else f"names did not resolve within {timeout:g}s"
             )
-            raise StartupTimeoutError(
-                f"cluster start-up failed, {what}: {describe_missing(api, namespace, run_id, tasks, missing, position, ip)}"
-            )
+            why = describe_missing(api, namespace, run_id, tasks, missing, position, ip)
+            raise StartupTimeoutError(f"cluster start-up failed, {what}: {why}")
         time.sleep(POLL_SECONDS)
 
 
@@ -180,8 +180,9 @@ def describe_missing(
     position: int,
     ip: str,
 ) -> str:
-    """One clause per missing name: the task, its address, its pod (or "no pod yet") and the pod's phase and reason,
-    then the run's pods that are not running.
+    """One clause per missing name, then the run's pods that are not running.
+
+    A clause names the task, its address, its pod (or that none has joined) and the pod's phase and reason.
     """
     joined = {p.metadata.labels.get(k8s.INDEX_LABEL): p for p in _pods(api, namespace, k8s.selector(run_id)) or []}
     clauses = []

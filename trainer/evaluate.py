@@ -103,6 +103,7 @@ def run(model_dir: str, data_dir: str, output: str | None = None, split: str = "
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line of trainer-evaluate."""
     p = Parser(
         prog="trainer-evaluate", description="Evaluate an exported SavedModel on a prepared dataset's held-out split."
     )
@@ -114,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """trainer-evaluate: evaluates a SavedModel; returns the exit code."""
+
     def body() -> None:
         args = build_parser().parse_args(argv)
         metrics = run(args.model_dir, args.data, args.output, args.split)

@@ -36,8 +36,10 @@ def save_model(model: Any, image_shape: tuple[int, int, int], model_dir: str, hi
 
 
 def save_and_discard(model: Any, image_shape: tuple[int, int, int], history: dict[str, Any]) -> None:
-    """A non-chief worker's part of the export: under MultiWorkerMirroredStrategy every worker must take part in
-    saving (it runs collective ops), but only the chief keeps the result.
+    """A non-chief worker's part of the export: saved, then thrown away.
+
+    Under MultiWorkerMirroredStrategy every worker must take part in saving (it runs collective ops), but only the
+    chief keeps the result.
     """
     scratch = tempfile.mkdtemp(prefix="trainer-worker-")
     try:

@@ -19,6 +19,7 @@ _TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 
 
 def flag_name(f: dataclasses.Field) -> str:
+    """The flag of a setting: its declared `flag`, else `--name-with-dashes`."""
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
@@ -69,4 +70,5 @@ class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors follow the exit-code contract: one `error:` line, exit 2."""
 
     def error(self, message: str) -> Any:
+        """Raises the usage error as a UsageError, so it becomes one `error:` line and exit 2."""
         raise UsageError(message)

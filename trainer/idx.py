@@ -92,9 +92,8 @@ def _find(directory: str, stem: str, opener: Callable[[str], bool]) -> str:
         path = directory.rstrip("/") + "/" + candidate
         if opener(path):
             return path
-    raise UsageError(
-        f"IDX directory {directory!r} has no {stem}.gz (or {stem}); it needs {', '.join(s for pair in SPLIT_FILES.values() for s in pair)}"
-    )
+    needed = ", ".join(s for pair in SPLIT_FILES.values() for s in pair)
+    raise UsageError(f"IDX directory {directory!r} has no {stem}.gz (or {stem}); it needs {needed}")
 
 
 def read_split(directory: str, split: str) -> tuple[np.ndarray, np.ndarray]:

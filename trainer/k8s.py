@@ -55,11 +55,13 @@ def task_addresses(run_id: str, tasks: int, namespace: str, port: int = DEFAULT_
 
 
 def check_workers(num_workers: int) -> None:
+    """Refuses a task count outside 1 to MAX_WORKERS."""
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or not 1 <= num_workers <= MAX_WORKERS:
         raise UsageError(f"num_workers {num_workers!r} is not allowed; allowed: 1 to {MAX_WORKERS}")
 
 
 def check_port(port: int) -> None:
+    """Refuses a port outside 1 to 65534."""
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65534:
         raise UsageError(
             f"port {port!r} is not allowed; allowed: an integer from 1 to 65534 (the next port is the "
@@ -93,6 +95,7 @@ def pod_name() -> str:
 
 
 def run_labels(run_id: str) -> dict[str, str]:
+    """The labels of every object of the run (its Services)."""
     labels = {
         "app.kubernetes.io/name": APP,
         "app.kubernetes.io/component": "tf-worker",
@@ -134,6 +137,7 @@ def service_manifest(
 
 
 def selector(run_id: str) -> str:
+    """The label selector of the run's objects."""
     return f"{RUN_LABEL}={run_key(run_id)}"
 
 

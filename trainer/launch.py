@@ -52,14 +52,16 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
 
 
 def local_cluster(workers: int) -> list[str]:
+    """`workers` loopback addresses on free ports."""
     if not 1 <= workers <= MAX_LOCAL_WORKERS:
         raise UsageError(f"workers {workers} is not allowed; allowed: 1 to {MAX_LOCAL_WORKERS}")
     return [f"localhost:{port}" for port in free_ports(workers)]
 
 
 def local_topology(workers: int, ps: int) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-    """Loopback addresses for the TF servers and for the supervisors' control channels, shaped alike:
-    `{"worker": [...]}`, or with parameter servers `{"chief", "worker", "ps"}`.
+    """Loopback addresses for the TF servers and for the supervisors' control channels.
+
+    Both are shaped alike: `{"worker": [...]}`, or with parameter servers `{"chief", "worker", "ps"}`.
     """
     if ps and not 1 <= ps <= MAX_LOCAL_WORKERS:
         raise UsageError(f"ps {ps} is not allowed; allowed: 0 (mirrored) or 1 to {MAX_LOCAL_WORKERS}")
@@ -106,6 +108,7 @@ class WorkerGroup:
         self._pumps: list[threading.Thread] = []
 
     def start(self) -> None:
+        """Starts one process per task, each with its TF_CONFIG."""
         threads = max(1, (os.cpu_count() or 1) // len(self.tasks))
         for (job, index), label in zip(self.tasks, self.labels, strict=True):
             env = dict(self.env)
@@ -177,6 +180,7 @@ def _shell_code(code: int) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line of trainer-launch (its own flags; the trainer's come after `--`)."""
     p = Parser(
         prog="trainer-launch",
         description="Run N trainer workers on this machine with a generated TF_CONFIG each.",
@@ -204,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """trainer-launch: runs N local workers and supervises them; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     own, rest = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     setup_logging("launch ")

@@ -64,11 +64,13 @@ def _class_names(data: DataConfig) -> list[str]:
 
 
 def prepare_idx(directory: str, config: DataConfig, out: str) -> dict[str, Any]:
+    """Writes the shards of MNIST-format IDX files in `directory` into `out`; returns the metadata."""
     train_images, train_labels = read_split(directory, "train")
     test_images, test_labels = read_split(directory, "test")
     if train_images.shape[1:] != test_images.shape[1:]:
         raise UsageError(
-            f"IDX directory {directory!r} has train images {train_images.shape[1:]} but test images {test_images.shape[1:]}"
+            f"IDX directory {directory!r} has train images {train_images.shape[1:]} but test images "
+            f"{test_images.shape[1:]}"
         )
     num_classes = int(max(train_labels.max(), test_labels.max())) + 1
     names = _class_names(config) or [str(i) for i in range(num_classes)]
@@ -99,18 +101,21 @@ def _check_download_hosts(builder: Any, name: str, timeout: float) -> None:
 
 
 def prepare_tfds(name: str, config: DataConfig, out: str) -> dict[str, Any]:
+    """Writes the shards of the TFDS dataset `name` into `out`; returns the metadata."""
     import tensorflow_datasets as tfds
 
     try:
         builder = tfds.builder(name, data_dir=config.tfds_data_dir or None)
     except tfds.core.registered.DatasetNotFoundError:
         raise UsageError(
-            f"TFDS dataset {name!r} does not exist; allowed: a name from tfds.list_builders(), e.g. mnist, fashion_mnist"
+            f"TFDS dataset {name!r} does not exist; allowed: a name from tfds.list_builders(), e.g. mnist, "
+            "fashion_mnist"
         ) from None
     features = builder.info.features
     if "image" not in features or "label" not in features:
         raise UsageError(
-            f"TFDS dataset {name!r} has features {list(features)}; allowed: image-classification datasets with 'image' and 'label'"
+            f"TFDS dataset {name!r} has features {list(features)}; allowed: image-classification datasets with "
+            "'image' and 'label'"
         )
     shape = tuple(features["image"].shape)
     if len(shape) != 3 or None in shape:
@@ -169,6 +174,7 @@ SETTINGS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line of trainer-prepare (the data settings of the contract)."""
     parser = Parser(
         prog="trainer-prepare",
         description="Prepare an image-classification dataset as TFRecord shards + metadata.json.",
@@ -181,6 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """trainer-prepare: prepares a dataset; returns the exit code."""
+
     def body() -> None:
         args = build_parser().parse_args(argv)
         run(settings_from(args, DataConfig), args.output)

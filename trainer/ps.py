@@ -36,6 +36,7 @@ POLL_INTERVAL = 1.0
 
 
 def check_topology(tf_config: dict[str, Any] | None) -> None:
+    """Refuses a TF_CONFIG without one chief, parameter servers and workers."""
     if (
         not tf_config
         or not tf_config["cluster"].get("chief")

@@ -35,6 +35,7 @@ def _copy_tree(src: str, dst: str) -> None:
 
 
 def latest(publish_uri: str) -> dict[str, Any] | None:
+    """The published record `latest.json` names, or None when nothing is published."""
     path = f"{publish_uri.rstrip('/')}/{LATEST}"
     return read_json(path) if exists(path) else None
 

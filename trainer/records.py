@@ -23,6 +23,7 @@ SPLITS = ("train", "test")
 
 
 def shard_name(split: str, index: int, count: int) -> str:
+    """The file name of one shard: `train-00001-of-00004.tfrecord`."""
     return f"{split}-{index:05d}-of-{count:05d}.tfrecord"
 
 
@@ -78,6 +79,7 @@ def write_split(
 def make_metadata(
     source: str, image_shape: tuple[int, int, int], class_names: list[str], splits: dict[str, Any]
 ) -> dict[str, Any]:
+    """metadata.json of a prepared dataset: its source, shape, classes and splits."""
     return {
         "format_version": FORMAT_VERSION,
         "source": source,
@@ -183,6 +185,7 @@ def check_metadata(meta: dict[str, Any], path: str = METADATA_FILE) -> dict[str,
 
 
 def shard_paths(directory: str, meta: dict[str, Any], split: str) -> list[str]:
+    """The paths of a split's shards."""
     if split not in meta["splits"]:
         raise UsageError(f"dataset {directory!r} has no split {split!r}; it has {', '.join(meta['splits'])}")
     return [f"{directory.rstrip('/')}/{s['file']}" for s in meta["splits"][split]["shards"]]
@@ -200,7 +203,8 @@ def verify_split(directory: str, meta: dict[str, Any], split: str) -> None:
         actual = _sha256(path)
         if actual != shard["sha256"]:
             raise UsageError(
-                f"dataset shard {path!r} is corrupted: sha256 {actual[:12]}... differs from {shard['sha256'][:12]}... in the metadata"
+                f"dataset shard {path!r} is corrupted: sha256 {actual[:12]}... differs from "
+                f"{shard['sha256'][:12]}... in the metadata"
             )
 
 

@@ -33,6 +33,7 @@ def plot_curves(history: dict[str, Any]) -> bytes:
 
 
 def render_html(metrics: dict[str, Any], history: dict[str, Any]) -> str:
+    """The report as one self-contained HTML page."""
     png = base64.b64encode(plot_curves(history)).decode()
     esc = html.escape
     rows = "".join(
@@ -51,7 +52,8 @@ def render_html(metrics: dict[str, Any], history: dict[str, Any]) -> str:
         ""
         if threshold is None
         else (
-            f"Quality gate (min_accuracy {threshold:.4f}): <b>{'passed' if metrics['accuracy'] >= threshold else 'FAILED, not published'}</b>."
+            f"Quality gate (min_accuracy {threshold:.4f}): "
+            f"<b>{'passed' if metrics['accuracy'] >= threshold else 'FAILED, not published'}</b>."
         )
     )
     speed = sum(e["examples_per_second"] for e in history["epochs"][1:]) / max(1, len(history["epochs"]) - 1)

@@ -86,9 +86,11 @@ class Control:
                     pass
 
     def set(self, generation: int, state: str) -> None:
+        """Publishes this supervisor's generation and state to its peers."""
         self.generation, self.state = generation, state
 
     def close(self) -> None:
+        """Stops serving the control channel."""
         self._stop.set()
         self._server.close()
         self._thread.join(timeout=2)

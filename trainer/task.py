@@ -47,6 +47,7 @@ def run_task(config: TrainConfig, tf_config: dict | None) -> int:
 
 
 def main() -> int:
+    """The training process's entry point; returns the exit code."""
     die_with_supervisor()
 
     def body() -> int:

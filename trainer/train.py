@@ -40,6 +40,7 @@ CONTROL_ENV = "TRAINER_CONTROL"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line of trainer-train: the contract's training settings and the cluster wiring."""
     parser = Parser(
         prog="trainer-train",
         description="Train the CNN on prepared shards, alone or as one task of a TF_CONFIG cluster.",
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The training config the parsed flags describe."""
     return TrainConfig(
         runtime=settings_from(args, RuntimeConfig),
         data=settings_from(args, DataConfig),
@@ -107,6 +109,8 @@ def run(config: TrainConfig, tf_config: dict[str, Any] | None, control_spec: dic
 
 
 def main(argv: list[str] | None = None) -> int:
+    """trainer-train: trains alone or as one task of a cluster; returns the exit code."""
+
     def body() -> int:
         args = build_parser().parse_args(argv)
         config = config_from_args(args)
