@@ -176,12 +176,14 @@ def evaluate(dataset: str, model_dirs: list[str], report: str, chief_copy: str, 
     return result
 
 
-def publish_model(model_dir: str, metrics: dict[str, Any], publish_uri: str, model_uri: str = "") -> dict[str, Any]:
+def publish_model(
+    model_dir: str, metrics: dict[str, Any], publish_uri: str, model_uri: str = "", s3_endpoint: str = ""
+) -> dict[str, Any]:
     """Publishes the model behind the gate unless a better one is published; lineage comes from its history.json."""
     from trainer.export import HISTORY_FILE, SAVED_MODEL_DIR
     from trainer.publish import publish
 
-    target = PublishConfig(publish_uri=publish_uri)
+    target = PublishConfig(publish_uri=publish_uri, s3_endpoint=s3_endpoint)
     with open(os.path.join(model_dir, HISTORY_FILE)) as f:
         history = json.load(f)
     lineage = {
@@ -190,4 +192,4 @@ def publish_model(model_dir: str, metrics: dict[str, Any], publish_uri: str, mod
         "model_uri": model_uri or model_dir,
         "parameters": history.get("parameters", {}),
     }
-    return publish(os.path.join(model_dir, SAVED_MODEL_DIR), metrics, target.publish_uri, lineage)
+    return publish(os.path.join(model_dir, SAVED_MODEL_DIR), metrics, target.publish_uri, lineage, target.s3_endpoint)
