@@ -89,6 +89,17 @@ def _train_config(dataset: str, model_dir: str, run_id: str, **settings: Any) ->
     )
 
 
+def _storage_defaults(config: TrainConfig) -> TrainConfig:
+    """Kubernetes mode: the parameter-server status on a ConfigMap of the run, checkpoints on the claim's volume."""
+    from trainer import checkpoints, status
+
+    if config.cluster.cluster_mode != "kubernetes":
+        return config
+    if config.cluster.strategy == "parameter_server" and not config.runtime.status_uri:
+        config = config.replace(status_uri=status.CONFIGMAP + status.configmap_name(config.runtime.run_id))
+    return checkpoints.on_claim(config)
+
+
 def train_task(
     dataset: str, cluster_dir: str, job: str, index: int, model_dir: str, run_id: str, **settings: Any
 ) -> dict[str, Any]:
@@ -112,16 +123,7 @@ def train_task(
     from trainer import discovery
     from trainer.supervisor import supervise
 
-    config = _train_config(dataset, model_dir, run_id, **settings)
-    if (
-        config.cluster.strategy == "parameter_server"
-        and config.cluster.cluster_mode == "kubernetes"
-        and not config.runtime.status_uri
-    ):
-        raise UsageError(
-            "status_uri is empty; in kubernetes mode the parameter servers and workers cannot read a file "
-            "in the chief's pod: pass a gs:// URI or a path on a volume every training pod mounts"
-        )
+    config = _storage_defaults(_train_config(dataset, model_dir, run_id, **settings))
     record = read_cluster(cluster_dir)
     tf_config = cluster_lib.build_tf_config(record["cluster"], job, index)
     log.info("%s %d joins the cluster %s", job, index, json.dumps(record["cluster"]))
