@@ -150,7 +150,7 @@ def core_api(host: str | None = None, token: str | None = None) -> Any:
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         config.load_incluster_config()
     else:
-        config.load_kube_config()
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)  # read now, not at import
     return client.CoreV1Api()
 
 

@@ -40,6 +40,7 @@ KINDS = {
     "services": "Service",
     "events": "Event",
     "configmaps": "ConfigMap",
+    "persistentvolumeclaims": "PersistentVolumeClaim",
     "secrets": "Secret",
     "endpoints": "Endpoints",
     "serviceaccounts": "ServiceAccount",
