@@ -43,8 +43,12 @@ def _docstring(func: Callable[..., Any], settings: list[str]) -> str:
     return "\n".join(lines)
 
 
-def declare(func: Callable[..., Any]) -> Callable[..., Any]:
+def declare(func: Callable[..., Any], overrides: dict[str, Any] | None = None) -> Callable[..., Any]:
     """A copy of `func` whose contract parameters default to the pipeline defaults and are described in its docstring.
+
+    Args:
+        func: a component or pipeline function whose last parameters are contract settings.
+        overrides: defaults a compile-time option changes (`pipelines.storage.StorageSettings.overrides`).
 
     Raises:
         TypeError: when a parameter that is not a setting follows one that is (defaults must come last).
@@ -57,7 +61,7 @@ def declare(func: Callable[..., Any]) -> Callable[..., Any]:
         func.__code__,
         func.__globals__,
         func.__name__,
-        tuple(config.pipeline_default(n) for n in settings) or None,
+        tuple((overrides or {}).get(n, config.pipeline_default(n)) for n in settings) or None,
         func.__closure__,
     )
     copy.__doc__ = _docstring(func, settings)

@@ -3,7 +3,9 @@
 from kfp.dsl import Input, Markdown, Metrics, Model, Output
 
 
-def publish_model(model: Input[Model], metrics: Input[Metrics], decision: Output[Markdown], publish_uri: str):
+def publish_model(
+    model: Input[Model], metrics: Input[Metrics], decision: Output[Markdown], publish_uri: str, s3_endpoint: str
+):
     """Publishes the model under publish_uri/<version>/ unless the model already published there is better.
 
     Lineage (run, dataset, training parameters) comes from the model's own history.json.
@@ -24,6 +26,7 @@ def publish_model(model: Input[Model], metrics: Input[Metrics], decision: Output
         metrics=dict(metrics.metadata),
         publish_uri=publish_uri,
         model_uri=model.metadata.get("source_uri", model.uri),
+        s3_endpoint=s3_endpoint,
     )
     os.makedirs(os.path.dirname(decision.path), exist_ok=True)
     with open(decision.path, "w") as f:

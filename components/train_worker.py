@@ -17,6 +17,7 @@ def train_worker(
     collective_timeout: float,
     max_restarts: int,
     checkpoint_dir: str,
+    checkpoint_claim: str,
     cluster_mode: str,
 ):
     """Trains as one worker of the run's cluster; worker 0 (the chief) writes the model.
@@ -52,6 +53,7 @@ def train_worker(
             collective_timeout=collective_timeout,
             max_restarts=max_restarts,
             checkpoint_dir=checkpoint_dir,
+            checkpoint_claim=checkpoint_claim,
             cluster_mode=cluster_mode,
         )
     )

@@ -15,9 +15,10 @@ import time
 from typing import Any
 
 from pipelines import server
-from pipelines.factories import DEFAULT_PODS, FACTORIES, NAMES, create_pipeline
+from pipelines.factories import DEFAULT_PODS, DEFAULT_STORAGE, FACTORIES, NAMES, create_pipeline
 from pipelines.local import LOCAL_MAX_WORKERS, LOCAL_OVERRIDES, run_local
 from pipelines.pods import PodSettings
+from pipelines.storage import MINIO_KEYS, MINIO_SECRET, StorageSettings
 from trainer import __version__, config
 from trainer.atomic import write_text
 from trainer.cli import run_cli
@@ -121,6 +122,27 @@ def build_parser(action: str | None) -> argparse.ArgumentParser:
                 default=f.default,
                 help=f"{_attribute_doc(f.name)} (default: {f.default})",
             )
+        storage = parser.add_argument_group("storage (docs/storage.md)")
+        storage.add_argument(
+            "--storage-secret",
+            default="",
+            metavar="SECRET",
+            help=f"a Secret whose keys become the publish step's S3 credentials, e.g. {MINIO_SECRET} "
+            "(standalone KFP's MinIO); default: none",
+        )
+        storage.add_argument(
+            "--storage-secret-keys",
+            default=MINIO_KEYS,
+            metavar="KEY=ENV,...",
+            help="which Secret key becomes which variable (default: %(default)s, the keys of KFP's MinIO Secret)",
+        )
+        storage.add_argument(
+            "--checkpoint-volume",
+            default="",
+            metavar="CLAIM",
+            help="mount this ReadWriteMany PersistentVolumeClaim at /mnt/checkpoints on every training worker "
+            "(the default of the checkpoint_claim parameter); default: none, checkpoints stay in the pod",
+        )
     if action == "compile":
         parser.add_argument("--output", default="mnist_pipeline.yaml", help="the YAML path (default: %(default)s)")
     if action == "local":
@@ -159,8 +181,23 @@ def pod_settings(args: argparse.Namespace) -> PodSettings:
     return PodSettings(**{name: getattr(args, name) for name in PodSettings.__dataclass_fields__})
 
 
+def storage_settings(args: argparse.Namespace) -> StorageSettings:
+    """The storage flags, checked; a checkpoint volume only for the strategy that checkpoints."""
+    settings = StorageSettings(**{name: getattr(args, name) for name in StorageSettings.__dataclass_fields__})
+    if settings.checkpoint_volume and args.strategy != "multi_worker_mirrored":
+        raise UsageError(
+            "--checkpoint-volume is not allowed with --strategy parameter_server: its chief keeps no "
+            "checkpoints (a lost worker is rescheduled instead); allowed with multi_worker_mirrored"
+        )
+    return settings
+
+
 def compile_pipeline(
-    output: str, image: str, strategy: str = "multi_worker_mirrored", pods: PodSettings = DEFAULT_PODS
+    output: str,
+    image: str,
+    strategy: str = "multi_worker_mirrored",
+    pods: PodSettings = DEFAULT_PODS,
+    storage: StorageSettings = DEFAULT_STORAGE,
 ) -> str:
     """Writes the pipeline YAML to `output` (through a temporary file) and returns the path."""
     from kfp import compiler
@@ -168,7 +205,8 @@ def compile_pipeline(
     if not output.endswith((".yaml", ".yml")):
         raise UsageError(f"--output {output!r} must end with .yaml or .yml")
     with tempfile.TemporaryDirectory() as tmp:
-        compiler.Compiler().compile(create_pipeline(image, strategy, pods), package_path=f"{tmp}/pipeline.yaml")
+        pipeline = create_pipeline(image, strategy, pods, storage)
+        compiler.Compiler().compile(pipeline, package_path=f"{tmp}/pipeline.yaml")
         with open(f"{tmp}/pipeline.yaml") as f:
             write_text(output, f.read())
     return output
@@ -186,7 +224,7 @@ def _image(args: argparse.Namespace) -> str:
 def _compile(args: argparse.Namespace) -> None:
     started = time.monotonic()
     image = _image(args)
-    compile_pipeline(args.output, image, args.strategy, pod_settings(args))
+    compile_pipeline(args.output, image, args.strategy, pod_settings(args), storage_settings(args))
     sys.stdout.write(
         f"wrote {args.output} ({NAMES[args.strategy]}, image {image}) in {time.monotonic() - started:.2f}s\n"
     )
@@ -215,9 +253,9 @@ def _local(args: argparse.Namespace) -> None:
 
 def _server(args: argparse.Namespace, action: str) -> int:
     image = _image(args)
-    pods = pod_settings(args)
+    pods, storage = pod_settings(args), storage_settings(args)
     with tempfile.TemporaryDirectory() as tmp:
-        package = compile_pipeline(os.path.join(tmp, "pipeline.yaml"), image, args.strategy, pods)
+        package = compile_pipeline(os.path.join(tmp, "pipeline.yaml"), image, args.strategy, pods, storage)
         return server.to_server(args, action, package, token_file=TOKEN_FILE)
 
 

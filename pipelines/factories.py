@@ -17,8 +17,10 @@ from kfp.dsl import HTML, Metrics, Model
 import components
 from components.contract import declare
 from pipelines.pods import PodSettings, training_pod, with_namespace
+from pipelines.storage import StorageSettings, with_checkpoint_volume, with_storage_secret
 
 DEFAULT_PODS = PodSettings()
+DEFAULT_STORAGE = StorageSettings()
 NAMES = {"multi_worker_mirrored": "mnist-multiworker", "parameter_server": "mnist-parameter-server"}
 
 
@@ -38,15 +40,26 @@ def _prepare(ops: Any, source: Any, max_train_examples: Any, max_test_examples: 
     return prepared.set_display_name("prepare data").set_caching_options(True)
 
 
-def _evaluate_and_publish(ops: Any, prepared: Any, models: Any, min_accuracy: Any, publish_uri: Any) -> Outputs:
+def _evaluate_and_publish(
+    ops: Any,
+    prepared: Any,
+    models: Any,
+    min_accuracy: Any,
+    publish_uri: Any,
+    s3_endpoint: Any,
+    storage: StorageSettings,
+) -> Outputs:
     evaluation = ops.evaluate(dataset=prepared.outputs["dataset"], models=models, min_accuracy=min_accuracy)
     evaluation.set_display_name("evaluate").set_caching_options(False)
     with dsl.If(evaluation.outputs["Output"] >= min_accuracy, name="quality gate"):
         with dsl.If(publish_uri != "", name="publish location set"):
             published = ops.publish_model(
-                model=evaluation.outputs["chief_model"], metrics=evaluation.outputs["metrics"], publish_uri=publish_uri
+                model=evaluation.outputs["chief_model"],
+                metrics=evaluation.outputs["metrics"],
+                publish_uri=publish_uri,
+                s3_endpoint=s3_endpoint,
             )
-            published.set_display_name("publish model").set_caching_options(False)
+            with_storage_secret(published.set_display_name("publish model").set_caching_options(False), storage)
     return Outputs(
         accuracy=evaluation.outputs["Output"],
         model=evaluation.outputs["chief_model"],
@@ -55,7 +68,7 @@ def _evaluate_and_publish(ops: Any, prepared: Any, models: Any, min_accuracy: An
     )
 
 
-def mirrored_pipeline(image: str, pods: PodSettings = DEFAULT_PODS) -> Any:
+def mirrored_pipeline(image: str, pods: PodSettings = DEFAULT_PODS, storage: StorageSettings = DEFAULT_STORAGE) -> Any:
     """The MultiWorkerMirroredStrategy pipeline: N identical workers in a ParallelFor, synchronous all-reduce."""
     ops = components.build(image)
 
@@ -75,8 +88,10 @@ def mirrored_pipeline(image: str, pods: PodSettings = DEFAULT_PODS) -> Any:
         collective_timeout: float,
         max_restarts: int,
         checkpoint_dir: str,
+        checkpoint_claim: str,
         min_accuracy: float,
         publish_uri: str,
+        s3_endpoint: str,
     ) -> Outputs:
         """Multi-worker TensorFlow training of a CNN on MNIST-format data (MultiWorkerMirroredStrategy).
 
@@ -100,15 +115,20 @@ def mirrored_pipeline(image: str, pods: PodSettings = DEFAULT_PODS) -> Any:
                 collective_timeout=collective_timeout,
                 max_restarts=max_restarts,
                 checkpoint_dir=checkpoint_dir,
+                checkpoint_claim=checkpoint_claim,
                 cluster_mode=cluster_mode,
             )
             training_pod(worker.set_display_name("train worker").set_caching_options(False), pods)
-        return _evaluate_and_publish(ops, prepared, dsl.Collected(worker.outputs["model"]), min_accuracy, publish_uri)
+            with_checkpoint_volume(worker, checkpoint_claim, storage)
+        models = dsl.Collected(worker.outputs["model"])
+        return _evaluate_and_publish(ops, prepared, models, min_accuracy, publish_uri, s3_endpoint, storage)
 
-    return dsl.pipeline(name=NAMES["multi_worker_mirrored"])(declare(pipeline))
+    return dsl.pipeline(name=NAMES["multi_worker_mirrored"])(declare(pipeline, storage.overrides()))
 
 
-def parameter_server_pipeline(image: str, pods: PodSettings = DEFAULT_PODS) -> Any:
+def parameter_server_pipeline(
+    image: str, pods: PodSettings = DEFAULT_PODS, storage: StorageSettings = DEFAULT_STORAGE
+) -> Any:
     """The ParameterServerStrategy pipeline: a chief task beside a ParallelFor of parameter servers and workers."""
     ops = components.build(image)
 
@@ -130,6 +150,7 @@ def parameter_server_pipeline(image: str, pods: PodSettings = DEFAULT_PODS) -> A
         status_uri: str,
         min_accuracy: float,
         publish_uri: str,
+        s3_endpoint: str,
     ) -> Outputs:
         """Parameter-server TensorFlow training of a CNN on MNIST-format data (ParameterServerStrategy).
 
@@ -170,14 +191,20 @@ def parameter_server_pipeline(image: str, pods: PodSettings = DEFAULT_PODS) -> A
                 cluster_mode=cluster_mode,
             )
             training_pod(server.set_display_name("ps or worker").set_caching_options(False), pods)
-        return _evaluate_and_publish(ops, prepared, dsl.Collected(chief.outputs["model"]), min_accuracy, publish_uri)
+        models = dsl.Collected(chief.outputs["model"])
+        return _evaluate_and_publish(ops, prepared, models, min_accuracy, publish_uri, s3_endpoint, storage)
 
-    return dsl.pipeline(name=NAMES["parameter_server"])(declare(pipeline))
+    return dsl.pipeline(name=NAMES["parameter_server"])(declare(pipeline, storage.overrides()))
 
 
 FACTORIES = {"multi_worker_mirrored": mirrored_pipeline, "parameter_server": parameter_server_pipeline}
 
 
-def create_pipeline(image: str, strategy: str = "multi_worker_mirrored", pods: PodSettings = DEFAULT_PODS) -> Any:
+def create_pipeline(
+    image: str,
+    strategy: str = "multi_worker_mirrored",
+    pods: PodSettings = DEFAULT_PODS,
+    storage: StorageSettings = DEFAULT_STORAGE,
+) -> Any:
     """The pipeline of `strategy` with every step running in `image`."""
-    return FACTORIES[strategy](image, pods)
+    return FACTORIES[strategy](image, pods, storage)

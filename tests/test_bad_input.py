@@ -145,6 +145,14 @@ CASES = {
         *_train(b, s, "--strategy", "ring"),
         "strategy 'ring' is not allowed; allowed: multi_worker_mirrored, parameter_server",
     ),
+    "checkpoints on S3": lambda b, s: (
+        *_train(b, s, "--checkpoint-dir", "s3://models/ckpt"),
+        "checkpoint_dir 's3://models/ckpt' is not allowed; allowed: empty, a local or volume path (TensorFlow",
+    ),
+    "status location with an unknown scheme": lambda b, s: (
+        *_train(b, s, "--status-uri", "hdfs://nn/status.json"),
+        "status_uri 'hdfs://nn/status.json' is not allowed; allowed: empty, a path, s3://BUCKET/KEY",
+    ),
     # trainer-train: the cluster
     "TF_CONFIG bad JSON": lambda b, s: (*_train(b, s, "--tf-config", "{'cluster': 1"), "TF_CONFIG is not valid JSON"),
     "TF_CONFIG index out of range": lambda b, s: (
@@ -317,6 +325,32 @@ CASES = {
         *_pipeline("--compile", "--image", IMAGE, "--output", str(b / "out" / "p.json"), out="p.json"),
         "must end with .yaml or .yml",
     ),
+    "storage secret not a name": lambda b, s: (
+        *_pipeline(
+            "--compile", "--image", IMAGE, "--storage-secret", "My_Secret", "--output", str(b / "out" / "p6.yaml")
+        ),
+        "storage_secret 'My_Secret' is not allowed; allowed: a Secret name",
+    ),
+    "storage secret keys without variables": lambda b, s: (
+        *_pipeline(
+            "--compile", "--image", IMAGE, "--storage-secret-keys", "accesskey", "--output", str(b / "out" / "p7.yaml")
+        ),
+        "storage_secret_keys 'accesskey' is not allowed; allowed: KEY=ENV pairs",
+    ),
+    "checkpoint volume for the parameter-server pipeline": lambda b, s: (
+        *_pipeline(
+            "--compile",
+            "--image",
+            IMAGE,
+            "--strategy",
+            "parameter_server",
+            "--checkpoint-volume",
+            "ckpt",
+            "--output",
+            str(b / "out" / "p8.yaml"),
+        ),
+        "--checkpoint-volume is not allowed with --strategy parameter_server",
+    ),
     "local run with three workers": lambda b, s: (
         *_pipeline("--local", "--num-workers", "3", "--output-dir", str(b / "out" / "run1"), out="run1"),
         "--num-workers 3 is not allowed with --local; allowed: 1 to 2",
@@ -425,6 +459,31 @@ CASES = {
         [],
         "d",
         "publish_uri is empty",
+    ),
+    "publish step to an unknown scheme": lambda b, s: (
+        _component(
+            "publish_model",
+            model=Model(uri=str(b / "not-a-model")),
+            metrics=Metrics(uri=str(b / "m")),
+            decision=Markdown(uri=str(b / "out" / "d2")),
+            publish_uri="hdfs://nn/models",
+        ),
+        [],
+        "d2",
+        "publish_uri 'hdfs://nn/models' is not allowed; allowed: empty, a local or volume path, s3://BUCKET/PREFIX",
+    ),
+    "publish step endpoint without a scheme": lambda b, s: (
+        _component(
+            "publish_model",
+            model=Model(uri=str(b / "not-a-model")),
+            metrics=Metrics(uri=str(b / "m")),
+            decision=Markdown(uri=str(b / "out" / "d3")),
+            publish_uri="s3://models/mnist",
+            s3_endpoint="minio-service.kubeflow:9000",
+        ),
+        [],
+        "d3",
+        "s3_endpoint 'minio-service.kubeflow:9000' is not allowed; allowed: empty or http(s)://HOST[:PORT]",
     ),
 }
 

@@ -151,25 +151,3 @@ def test_parameter_server_bodies_train_together(small_data, tmp_path):
     history = json.loads((tmp_path / "model" / "history.json").read_text())
     assert history["parameter_servers"] == 1 and len(history["epochs"]) == 2
     assert json.loads(open(status).read())["state"] == "succeeded"
-
-
-def test_the_parameter_server_chief_refuses_a_missing_status_location_on_kubernetes(small_data, tmp_path, capsys):
-    cluster = Artifact(uri=str(tmp_path / "cluster"))
-    _run("create_ps_cluster", cluster=cluster, run_id="r", num_workers=1, num_ps=1, cluster_mode="local", port=2222)
-    with pytest.raises(SystemExit) as exit_info:
-        _run(
-            "train_chief",
-            dataset=small_data,
-            cluster=cluster,
-            model=Model(uri=str(tmp_path / "m")),
-            run_id="r",
-            status_uri="",
-            epochs=1,
-            batch_size=64,
-            learning_rate=0.002,
-            startup_timeout=10.0,
-            unschedulable_timeout=10.0,
-            cluster_mode="kubernetes",
-        )
-    assert exit_info.value.code == 2
-    assert "status_uri is empty" in capsys.readouterr().err

@@ -11,7 +11,7 @@ import yaml
 from tests.conftest import ROOT
 from tests.standins.dns import DnsServer, query
 from tests.standins.kube import Call, KubeStandIn
-from trainer import discovery, k8s
+from trainer import checkpoints, discovery, k8s, ps, status
 from trainer.errors import StartupTimeoutError
 
 RUN_ID = "7c1e5a3e-8c1d-4c53-9b8e-2f1e4d5c6a7b"
@@ -190,6 +190,15 @@ def test_the_rbac_roles_grant_exactly_what_a_training_step_calls(httpserver, mon
     )
     discovery.leave_cluster(RUN_ID, position, api=api)
     assert standin.items("services") == {}
+    # the parameter-server status (chief writes, servers read) and the checkpoint claim's access modes
+    store = status.ConfigMapStatus(status.configmap_name(RUN_ID), RUN_ID, api=api)
+    with ps.StatusPublisher(store):
+        pass
+    ps.wait_for_chief(status.ConfigMapStatus(store.name, RUN_ID, api=api), 5, 30, "ps 0")
+    standin.add(
+        "persistentvolumeclaims", NS, {"metadata": {"name": "ckpt"}, "spec": {"accessModes": ["ReadWriteMany"]}}
+    )
+    checkpoints.check_claim("ckpt", api)
     used = {(call.resource, call.verb) for call in standin.calls}
     granted = {
         (r if not g else f"{r}.{g}", v)

@@ -112,6 +112,7 @@ def test_a_worker_takes_its_index_as_the_driver_delivers_it_and_evaluate_takes_t
         "collective_timeout": 0.0,
         "max_restarts": 0,
         "checkpoint_dir": "",
+        "checkpoint_claim": "",
         "cluster_mode": "local",
     }
     stringly = dict(parameters, worker_index="0")
@@ -178,6 +179,7 @@ def test_a_worker_given_the_index_as_text_fails_with_one_line_as_bad_input(spec,
         "collective_timeout": 0.0,
         "max_restarts": 0,
         "checkpoint_dir": "",
+        "checkpoint_claim": "",
         "cluster_mode": "local",
     }
     result, _ = run_executor(

@@ -19,6 +19,7 @@ from trainer.errors import UsageError
 
 STRATEGIES = ("multi_worker_mirrored", "parameter_server")
 SOURCE_FORMS = "'sample', 'idx:DIR_OR_URI', or a TFDS name such as 'mnist' or 'tfds:fashion_mnist'"
+_DNS_SUBDOMAIN = re.compile(r"^$|^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _TFDS_NAME = re.compile(r"^[a-z][a-z0-9_]*(/[A-Za-z0-9_.-]+)?(:[0-9.*]+)?$")
 CLUSTER_MODES = ("kubernetes", "local")
 MAX_WORKERS = 64
@@ -81,6 +82,22 @@ def non_empty(what: str = "a non-empty path") -> Check:
 
 
 FLAG = Check(lambda v: isinstance(v, bool), "true or false")
+_URI_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def location(*schemes: str, what: str = "a local or volume path") -> Check:
+    """Empty, a path, or a URI of one of `schemes` (`s3://BUCKET/PREFIX`) with a bucket."""
+
+    def ok(value: Any) -> bool:
+        if not isinstance(value, str):
+            return False
+        match = _URI_SCHEME.match(value)
+        if not match:
+            return True
+        scheme = match.group(1).lower()
+        return (scheme == "file" and len(value) > 7) or (scheme in schemes and bool(value[match.end() :].split("/")[0]))
+
+    return Check(ok, ", ".join([f"empty, {what}", *(f"{s}://BUCKET/PREFIX" for s in schemes)]))
 
 
 def is_source(value: Any) -> bool:
@@ -241,15 +258,26 @@ class RuntimeConfig(_Checked):
     )
     checkpoint_dir: str = setting(
         "",
-        "BackupAndRestore directory shared by all workers, so a restarted worker "
-        "resumes; empty: MODEL_DIR.backup beside the model",
-        check=text(),
+        "BackupAndRestore directory shared by all workers, so a restarted worker resumes (TensorFlow writes it: "
+        "a path, a volume or gs://, not s3://); empty: on checkpoint_claim's volume when set, else "
+        "MODEL_DIR.backup in the pod",
+        check=location("gs", what="a local or volume path (TensorFlow writes it and has no s3://)"),
+    )
+    checkpoint_claim: str = setting(
+        "",
+        "a ReadWriteMany PersistentVolumeClaim mounted at /mnt/checkpoints on every training pod of a pipeline "
+        "compiled with --checkpoint-volume; checkpoints then outlive a pod; empty: no volume",
+        check=Check(lambda v: isinstance(v, str) and bool(_DNS_SUBDOMAIN.match(v)), "empty or a claim name"),
     )
     status_uri: str = setting(
         "",
-        "parameter_server: the chief's status document that parameter servers and workers "
-        "poll; empty: MODEL_DIR.status.json",
-        check=text(),
+        "parameter_server: where the chief keeps the status that parameter servers and workers poll: a path, "
+        "s3://, gs:// or configmap:NAME; empty: a ConfigMap of the run in kubernetes mode, else "
+        "MODEL_DIR.status.json",
+        check=Check(
+            lambda v: location("s3", "gs").ok(v) or (isinstance(v, str) and v.startswith("configmap:") and len(v) > 10),
+            "empty, a path, s3://BUCKET/KEY, gs://BUCKET/KEY or configmap:NAME",
+        ),
     )
     run_id: str = setting(
         "",
@@ -270,8 +298,17 @@ class PublishConfig(_Checked):
     publish_uri: str = setting(
         "",
         "where a model that passes the gate is published, in versioned directories with "
-        "latest.json; empty: not published",
-        check=text(),
+        "latest.json: a path (a volume), s3://BUCKET/PREFIX (MinIO, AWS) or gs://BUCKET/PREFIX; empty: not published",
+        check=location("s3", "gs"),
+    )
+    s3_endpoint: str = setting(
+        "",
+        "the S3 endpoint of an s3:// publish_uri, such as http://minio-service.kubeflow:9000 (standalone KFP's "
+        "MinIO); empty: AWS S3, or $AWS_ENDPOINT_URL_S3",
+        check=Check(
+            lambda v: isinstance(v, str) and (v == "" or bool(re.match(r"^https?://[^/\s]+/?$", v))),
+            "empty or http(s)://HOST[:PORT]",
+        ),
     )
 
 

@@ -142,7 +142,7 @@ def selector(run_id: str) -> str:
 
 
 def core_api(host: str | None = None, token: str | None = None) -> Any:
-    """A CoreV1Api: in-cluster config inside a pod, or `host` (and bearer `token`) when given."""
+    """A CoreV1Api: `host` (and bearer `token`) when given, in-cluster config in a pod, else `$KUBECONFIG`."""
     from kubernetes import client, config
 
     if host:
@@ -151,7 +151,10 @@ def core_api(host: str | None = None, token: str | None = None) -> Any:
         if token:
             configuration.api_key = {"authorization": f"Bearer {token}"}
         return client.CoreV1Api(client.ApiClient(configuration))
-    config.load_incluster_config()
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config()
+    else:
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)  # read now, not at import
     return client.CoreV1Api()
 
 

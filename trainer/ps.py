@@ -1,8 +1,9 @@
 """Parameter-server training: the chief coordinates, parameter servers hold the variables, workers run steps.
 
 Parameter servers and workers only run a `tf.distribute.Server`; nothing in TensorFlow tells them the job is over.
-So the chief publishes a small status document (`--status-uri`, any tf.io.gfile path: a local file for the
-launcher, a bucket or shared volume on a cluster) and refreshes it every `STATUS_INTERVAL` seconds:
+So the chief publishes a small status document (`--status-uri`: a ConfigMap of the run on Kubernetes, a local file
+for the launcher, or an s3:// or gs:// object; see `trainer.status`) and refreshes it every `STATUS_INTERVAL`
+seconds:
 
     {"state": "running" | "succeeded" | "failed", "heartbeat": <unix time>, "detail": "..."}
 
@@ -21,13 +22,14 @@ from collections.abc import Callable
 from typing import Any
 
 from trainer import cluster as cluster_lib
-from trainer.atomic import check_writable_parent, exists, read_json, write_json
+from trainer.atomic import check_writable_parent
 from trainer.callbacks import ThroughputHistory
 from trainer.config import TrainConfig
 from trainer.errors import PeerUnavailableError, UsageError
 from trainer.export import history_record, save_model
 from trainer.inputs import ps_dataset_creator
 from trainer.records import load_metadata, verify_split
+from trainer.status import open_status
 
 log = logging.getLogger(__name__)
 
@@ -50,21 +52,28 @@ def check_topology(tf_config: dict[str, Any] | None) -> None:
 
 
 class StatusPublisher:
-    """The chief's side: writes the status document now and keeps its heartbeat fresh from a thread."""
+    """The chief's side: writes the status document now and keeps its heartbeat fresh from a thread.
 
-    def __init__(self, uri: str) -> None:
-        self.uri = uri
+    Args:
+        store: a status URI (`configmap:NAME`, a path, `s3://`, `gs://`) or a store from `trainer.status`.
+    """
+
+    def __init__(self, store: str | Any) -> None:
+        self.store = open_status(store) if isinstance(store, str) else store
         self._stop = threading.Event()
         self._state = "running"
         self._detail = ""
         self._thread = threading.Thread(target=self._beat, daemon=True)
 
     def _write(self) -> None:
-        write_json(self.uri, {"state": self._state, "heartbeat": time.time(), "detail": self._detail})
+        self.store.write({"state": self._state, "heartbeat": time.time(), "detail": self._detail})
 
     def _beat(self) -> None:
         while not self._stop.wait(STATUS_INTERVAL):
-            self._write()
+            try:
+                self._write()
+            except Exception as err:  # noqa: BLE001 - a missed beat is retried; the servers' timeout is the limit
+                log.warning("chief: could not refresh the status heartbeat: %s", err)
 
     def __enter__(self) -> StatusPublisher:
         self._write()
@@ -82,21 +91,24 @@ class ChiefFailedError(RuntimeError):
     """The chief reported that training failed (exit 1: its own error line says why)."""
 
 
-def wait_for_chief(uri: str, startup_timeout: float, chief_timeout: float, what: str) -> None:
+def wait_for_chief(store: str | Any, startup_timeout: float, chief_timeout: float, what: str) -> None:
     """A server's side: polls the chief's status until it says the job is over.
+
+    Args:
+        store: a status URI (`configmap:NAME`, a path, `s3://`, `gs://`) or a store from `trainer.status`.
+        startup_timeout: seconds to wait for the first status.
+        chief_timeout: the oldest heartbeat that still counts as a live chief, in seconds.
+        what: this task's name for the messages.
 
     Raises:
         PeerUnavailableError: no status within `startup_timeout`, or a heartbeat older than `chief_timeout`.
         ChiefFailedError: the chief reported a failure.
     """
+    store = open_status(store) if isinstance(store, str) else store
+    uri = store.where
     started = time.monotonic()
     while True:
-        status = None
-        if exists(uri):
-            try:
-                status = read_json(uri)
-            except ValueError:
-                status = None
+        status = store.read()
         if status is None:
             if time.monotonic() - started > startup_timeout:
                 raise PeerUnavailableError(
@@ -113,7 +125,7 @@ def wait_for_chief(uri: str, startup_timeout: float, chief_timeout: float, what:
                 f"{what}: the chief's heartbeat at {uri} is {age:.0f}s old "
                 f"(limit {chief_timeout:g}s); the chief vanished"
             )
-        time.sleep(POLL_INTERVAL)
+        time.sleep(max(POLL_INTERVAL, store.poll_seconds))
 
 
 def run_server(config: TrainConfig, tf_config: dict[str, Any], on_started: Callable[[], None] | None = None) -> None:
@@ -137,7 +149,8 @@ def run_server(config: TrainConfig, tf_config: dict[str, Any], on_started: Calla
         cluster_lib.own_address(tf_config),
         os.getpid(),
     )
-    wait_for_chief(status_uri(config), config.cluster.startup_timeout, config.cluster.chief_timeout, what)
+    store = open_status(status_uri(config), config.runtime.run_id)
+    wait_for_chief(store, config.cluster.startup_timeout, config.cluster.chief_timeout, what)
 
 
 def run(
@@ -169,7 +182,7 @@ def run(
     meta = load_metadata(runtime.data_dir)
     verify_split(runtime.data_dir, meta, "train")
     check_writable_parent(runtime.model_dir)
-    with StatusPublisher(status_uri(config)):
+    with StatusPublisher(open_status(status_uri(config), runtime.run_id)):
         if strategy is None:
             strategy = tf.distribute.experimental.ParameterServerStrategy(cluster_lib.cluster_resolver(tf_config))
         if on_formed:

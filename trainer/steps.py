@@ -89,6 +89,17 @@ def _train_config(dataset: str, model_dir: str, run_id: str, **settings: Any) ->
     )
 
 
+def _storage_defaults(config: TrainConfig) -> TrainConfig:
+    """Kubernetes mode: the parameter-server status on a ConfigMap of the run, checkpoints on the claim's volume."""
+    from trainer import checkpoints, status
+
+    if config.cluster.cluster_mode != "kubernetes":
+        return config
+    if config.cluster.strategy == "parameter_server" and not config.runtime.status_uri:
+        config = config.replace(status_uri=status.CONFIGMAP + status.configmap_name(config.runtime.run_id))
+    return checkpoints.on_claim(config)
+
+
 def train_task(
     dataset: str, cluster_dir: str, job: str, index: int, model_dir: str, run_id: str, **settings: Any
 ) -> dict[str, Any]:
@@ -112,16 +123,7 @@ def train_task(
     from trainer import discovery
     from trainer.supervisor import supervise
 
-    config = _train_config(dataset, model_dir, run_id, **settings)
-    if (
-        config.cluster.strategy == "parameter_server"
-        and config.cluster.cluster_mode == "kubernetes"
-        and not config.runtime.status_uri
-    ):
-        raise UsageError(
-            "status_uri is empty; in kubernetes mode the parameter servers and workers cannot read a file "
-            "in the chief's pod: pass a gs:// URI or a path on a volume every training pod mounts"
-        )
+    config = _storage_defaults(_train_config(dataset, model_dir, run_id, **settings))
     record = read_cluster(cluster_dir)
     tf_config = cluster_lib.build_tf_config(record["cluster"], job, index)
     log.info("%s %d joins the cluster %s", job, index, json.dumps(record["cluster"]))
@@ -176,12 +178,14 @@ def evaluate(dataset: str, model_dirs: list[str], report: str, chief_copy: str, 
     return result
 
 
-def publish_model(model_dir: str, metrics: dict[str, Any], publish_uri: str, model_uri: str = "") -> dict[str, Any]:
+def publish_model(
+    model_dir: str, metrics: dict[str, Any], publish_uri: str, model_uri: str = "", s3_endpoint: str = ""
+) -> dict[str, Any]:
     """Publishes the model behind the gate unless a better one is published; lineage comes from its history.json."""
     from trainer.export import HISTORY_FILE, SAVED_MODEL_DIR
     from trainer.publish import publish
 
-    target = PublishConfig(publish_uri=publish_uri)
+    target = PublishConfig(publish_uri=publish_uri, s3_endpoint=s3_endpoint)
     with open(os.path.join(model_dir, HISTORY_FILE)) as f:
         history = json.load(f)
     lineage = {
@@ -190,4 +194,4 @@ def publish_model(model_dir: str, metrics: dict[str, Any], publish_uri: str, mod
         "model_uri": model_uri or model_dir,
         "parameters": history.get("parameters", {}),
     }
-    return publish(os.path.join(model_dir, SAVED_MODEL_DIR), metrics, target.publish_uri, lineage)
+    return publish(os.path.join(model_dir, SAVED_MODEL_DIR), metrics, target.publish_uri, lineage, target.s3_endpoint)

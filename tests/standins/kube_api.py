@@ -21,6 +21,7 @@ KINDS = {
     "services": "Service",
     "events": "Event",
     "configmaps": "ConfigMap",
+    "persistentvolumeclaims": "PersistentVolumeClaim",
     "secrets": "Secret",
     "endpoints": "Endpoints",
     "serviceaccounts": "ServiceAccount",

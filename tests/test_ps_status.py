@@ -1,0 +1,175 @@
+"""The parameter-server status on a ConfigMap of the run, through the real `kubernetes` client and the API stand-in.
+
+In-process, and from real chief, ps and worker processes, which find the stand-in through KUBECONFIG.
+"""
+
+import json
+import re
+import sys
+import time
+
+import pytest
+
+from tests.standins.kube import Call, KubeStandIn
+from tests.test_faults import Streamed, _env
+from trainer import k8s, ps, status, steps
+from trainer.cluster import build_tf_config, make_cluster
+from trainer.config import ClusterConfig, RuntimeConfig, TrainConfig
+from trainer.errors import EXIT_PEER_UNAVAILABLE, KubernetesError, PeerUnavailableError
+from trainer.launch import free_ports
+
+RUN_ID = "5d3c0a1e-9b2f-4f6e-8a7d-1c2b3a4d5e6f"
+NS = "team-a"
+WORKFLOW = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": "mnist-parameter-server-x"}}
+POD = "mnist-parameter-server-x-system-container-impl-1"
+
+
+@pytest.fixture
+def cluster(httpserver, monkeypatch):
+    """The API stand-in with the run's Workflow; its pods carry Argo's label, as a run's pods do."""
+    standin = KubeStandIn(pod_labels={k8s.WORKFLOW_LABEL: WORKFLOW["metadata"]["name"]})
+    standin.install(httpserver)
+    standin.add("workflows.argoproj.io", NS, WORKFLOW)
+    monkeypatch.setenv("POD_NAMESPACE", NS)
+    monkeypatch.setenv("POD_NAME", POD)
+    return standin, httpserver.url_for("").rstrip("/")
+
+
+def _store(url, name=None):
+    return status.ConfigMapStatus(name or status.configmap_name(RUN_ID), RUN_ID, api=k8s.core_api(host=url))
+
+
+def test_the_chief_keeps_its_status_on_a_configmap_owned_by_the_run(cluster):
+    standin, url = cluster
+    name = status.configmap_name(RUN_ID)
+    with ps.StatusPublisher(_store(url)):
+        found = standin.get("configmaps", NS, name)
+        assert json.loads(found["data"]["status.json"])["state"] == "running"
+        workflow = standin.get("workflows.argoproj.io", NS, WORKFLOW["metadata"]["name"])
+        assert found["metadata"]["ownerReferences"][0]["uid"] == workflow["metadata"]["uid"]
+        assert found["metadata"]["labels"][k8s.RUN_LABEL] == k8s.run_key(RUN_ID)
+        time.sleep(ps.STATUS_INTERVAL + 1)
+    ps.wait_for_chief(_store(url), 5, 30, "ps 0")
+    assert Call("create", "configmaps", NS, None) in standin.calls
+    assert Call("patch", "configmaps", NS, name) in standin.calls, "the heartbeat and the final state are patches"
+    assert Call("get", "configmaps", NS, name) in standin.calls, "servers read it through the API"
+    standin_delete(standin, url)
+    assert standin.get("configmaps", NS, name) is None, "deleting the run's Workflow deletes its status"
+
+
+def standin_delete(standin, url):
+    from kubernetes import client
+
+    api = client.CustomObjectsApi(k8s.core_api(host=url).api_client)
+    api.delete_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", WORKFLOW["metadata"]["name"])
+
+
+def test_states_and_heartbeats_on_the_configmap_decide_the_servers_exit(cluster):
+    standin, url = cluster
+    with pytest.raises(PeerUnavailableError, match=r"worker 0: the chief published no status at configmap team-a/"):
+        ps.wait_for_chief(_store(url), 1, 30, "worker 0")
+    with pytest.raises(RuntimeError), ps.StatusPublisher(_store(url)):
+        raise RuntimeError("out of memory on the chief")
+    with pytest.raises(ps.ChiefFailedError, match="ps 0: the chief failed: out of memory on the chief"):
+        ps.wait_for_chief(_store(url), 5, 30, "ps 0")
+    stale = {"state": "running", "heartbeat": time.time() - 100, "detail": ""}
+    standin.add("configmaps", NS, {"metadata": {"name": "stale"}, "data": {"status.json": json.dumps(stale)}})
+    stale_line = r"worker 1: the chief's heartbeat at configmap team-a/stale is 1\d\ds"
+    with pytest.raises(PeerUnavailableError, match=stale_line):
+        ps.wait_for_chief(_store(url, "stale"), 5, 30, "worker 1")
+
+
+def test_a_retried_chief_takes_over_its_configmap(cluster):
+    standin, url = cluster
+    with pytest.raises(RuntimeError), ps.StatusPublisher(_store(url)):
+        raise RuntimeError("first attempt")
+    with ps.StatusPublisher(_store(url)):
+        found = json.loads(standin.get("configmaps", NS, status.configmap_name(RUN_ID))["data"]["status.json"])
+        assert found["state"] == "running"
+
+
+def test_a_forbidden_configmap_is_one_line_naming_verb_and_resource(httpserver, monkeypatch):
+    KubeStandIn(role={"rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]}).install(httpserver)
+    monkeypatch.setenv("POD_NAMESPACE", NS)
+    with pytest.raises(KubernetesError, match="may not create configmaps in namespace 'team-a'"):
+        ps.StatusPublisher(_store(httpserver.url_for("").rstrip("/"))).__enter__()
+
+
+def test_kubernetes_mode_puts_the_status_on_the_runs_configmap_and_a_given_uri_wins():
+    runtime = RuntimeConfig(data_dir="d", model_dir="m", run_id=RUN_ID)
+    config = TrainConfig(runtime, cluster=ClusterConfig(strategy="parameter_server", cluster_mode="kubernetes"))
+    assert steps._storage_defaults(config).runtime.status_uri == f"configmap:tfw-{k8s.run_key(RUN_ID)}-status"
+    assert steps._storage_defaults(config.replace(status_uri="gs://b/s.json")).runtime.status_uri == "gs://b/s.json"
+    assert steps._storage_defaults(config.replace(cluster_mode="local")).runtime.status_uri == ""
+    mirrored = config.replace(strategy="multi_worker_mirrored")
+    assert steps._storage_defaults(mirrored).runtime.status_uri == ""
+
+
+def _kubeconfig(tmp_path, url):
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "standin", "cluster": {"server": url}}],
+                "users": [{"name": "runner", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "standin", "user": "runner", "namespace": NS}}],
+                "current-context": "c",
+            }
+        )
+    )
+    return {"KUBECONFIG": str(path), "POD_NAMESPACE": NS, "POD_NAME": POD, "KUBERNETES_SERVICE_HOST": ""}
+
+
+@pytest.mark.slow
+def test_chief_ps_and_two_workers_finish_through_the_configmap_and_all_exit_zero(cluster, sample_data, tmp_path):
+    standin, url = cluster
+    name = status.configmap_name(RUN_ID)
+    args = ["--workers", "2", "--ps", "1", "--", "--data", sample_data, "--model-dir", str(tmp_path / "model")]
+    args += ["--epochs", "3", "--run-id", RUN_ID, "--status-uri", f"configmap:{name}"]
+    launcher = Streamed([sys.executable, "-m", "trainer.launch", *args], _env(_kubeconfig(tmp_path, url)))
+    try:
+        code = launcher.finish(300)
+    finally:
+        launcher.kill()
+    text = "\n".join(launcher.lines)
+    assert code == 0, text[-4000:]
+    for label in ("ps 0", "worker 0", "worker 1"):
+        assert re.search(rf"^\[{label}\] .*the chief finished successfully; exiting", text, re.M), label
+    assert json.loads(standin.get("configmaps", NS, name)["data"]["status.json"])["state"] == "succeeded"
+    assert not (tmp_path / "model.status.json").exists(), "no status file: the servers read the ConfigMap"
+    assert (tmp_path / "model" / "saved_model" / "saved_model.pb").is_file()
+
+
+@pytest.mark.slow
+def test_killing_the_chief_ends_ps_and_workers_with_138_within_the_timeout(cluster, sample_data, tmp_path):
+    standin, url = cluster
+    ports = free_ports(4)
+    spec = make_cluster(
+        [f"localhost:{ports[1]}", f"localhost:{ports[2]}"], chief=f"localhost:{ports[0]}", ps=[f"localhost:{ports[3]}"]
+    )
+    common = ["--data", sample_data, "--model-dir", str(tmp_path / "model"), "--epochs", "30"]
+    common += ["--strategy", "parameter_server", "--status-uri", "configmap:ps-status", "--chief-timeout", "8"]
+    env = _kubeconfig(tmp_path, url)
+    procs = {
+        (job, i): Streamed(
+            [sys.executable, "-m", "trainer.train", *common],
+            _env({**env, "TF_CONFIG": json.dumps(build_tf_config(spec, job, i))}),
+        )
+        for job, i in (("chief", 0), ("ps", 0), ("worker", 0), ("worker", 1))
+    }
+    try:
+        procs[("chief", 0)].wait_for(r"epoch 2:", 180)
+        procs[("chief", 0)].proc.kill()
+        killed_at = time.monotonic()
+        codes = {key: p.finish(60) for key, p in procs.items() if key[0] != "chief"}
+        elapsed = time.monotonic() - killed_at
+    finally:
+        for p in procs.values():
+            p.kill()
+    assert set(codes.values()) == {EXIT_PEER_UNAVAILABLE}, codes
+    assert elapsed < 8 + 15
+    for key in codes:
+        assert any("the chief's heartbeat at configmap team-a/ps-status" in line for line in procs[key].lines), key
+    assert json.loads(standin.get("configmaps", NS, "ps-status")["data"]["status.json"])["state"] == "running"

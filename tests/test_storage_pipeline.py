@@ -1,0 +1,128 @@
+"""Storage on a cluster: the checkpoint volume (ReadWriteMany only) and what the compiled YAML carries."""
+
+import json
+
+import pytest
+import yaml
+from kfp.dsl import Artifact, Dataset, Model
+
+import components
+from pipelines.cli import compile_pipeline
+from pipelines.storage import StorageSettings
+from tests.standins.kube import KubeStandIn
+from trainer import checkpoints, k8s
+from trainer.config import RuntimeConfig, TrainConfig
+from trainer.errors import UsageError
+
+IMAGE = "registry.example.com/team/kfp-tf-multiworker:9.9.9"
+NS = "team-a"
+RUN_ID = "run-42"
+
+
+@pytest.fixture
+def api(httpserver, monkeypatch, tmp_path):
+    standin = KubeStandIn()
+    standin.install(httpserver)
+    for name, modes in (("shared", ["ReadWriteMany"]), ("single", ["ReadWriteOnce"])):
+        standin.add("persistentvolumeclaims", NS, {"metadata": {"name": name}, "spec": {"accessModes": modes}})
+    monkeypatch.setenv("POD_NAMESPACE", NS)
+    url = httpserver.url_for("").rstrip("/")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "s", "cluster": {"server": url}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "s", "user": "u"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    return k8s.core_api(host=url)
+
+
+def test_a_read_write_once_claim_is_refused_with_the_reason(api):
+    checkpoints.check_claim("shared", api)
+    with pytest.raises(
+        UsageError, match=r"^checkpoint_claim 'single' is ReadWriteOnce; allowed: a ReadWriteMany claim.*deadlocks"
+    ):
+        checkpoints.check_claim("single", api)
+    with pytest.raises(UsageError, match=r"^checkpoint_claim 'nope' does not exist in namespace 'team-a'"):
+        checkpoints.check_claim("nope", api)
+
+
+def test_workers_checkpoint_on_the_mounted_claim_per_run(api, tmp_path, monkeypatch):
+    config = TrainConfig(RuntimeConfig(data_dir="d", model_dir="m", run_id=RUN_ID, checkpoint_claim="shared"))
+    monkeypatch.setattr(checkpoints, "MOUNT", str(tmp_path / "absent"))
+    with pytest.raises(UsageError, match="nothing is mounted at .*compile the pipeline with --checkpoint-volume"):
+        checkpoints.on_claim(config, api)
+    monkeypatch.setattr(checkpoints, "MOUNT", str(tmp_path))
+    assert checkpoints.on_claim(config, api).runtime.checkpoint_dir == f"{tmp_path}/{k8s.run_key(RUN_ID)}"
+    chosen = config.replace(checkpoint_dir=f"{tmp_path}/mine")
+    assert checkpoints.on_claim(chosen, api).runtime.checkpoint_dir == f"{tmp_path}/mine"
+    assert checkpoints.on_claim(config.replace(checkpoint_claim=""), api).runtime.checkpoint_dir == ""
+
+
+def test_the_worker_step_refuses_a_read_write_once_claim_before_it_joins(api, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(checkpoints, "MOUNT", str(tmp_path))
+    op = components.build(IMAGE).train_worker
+    with pytest.raises(SystemExit) as exit_info:
+        op.python_func(
+            dataset=Dataset(uri=str(tmp_path / "data")),
+            cluster=Artifact(uri=str(tmp_path / "cluster")),
+            worker_index=0,
+            model=Model(uri=str(tmp_path / "model")),
+            run_id=RUN_ID,
+            checkpoint_claim="single",
+            cluster_mode="kubernetes",
+        )
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2, err[-3000:]
+    assert (
+        [line for line in err.splitlines() if line.startswith("error:")]
+        == [line for line in err.splitlines() if line.startswith("error: checkpoint_claim 'single' is ReadWriteOnce")]
+        != []
+    )
+    assert not (tmp_path / "model").exists()
+
+
+def _compiled(tmp_path, strategy="multi_worker_mirrored", **storage):
+    path = tmp_path / f"{strategy}.yaml"
+    compile_pipeline(str(path), IMAGE, strategy, storage=StorageSettings(**storage))
+    docs = list(yaml.safe_load_all(path.read_text()))
+    executors = docs[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"] if len(docs) > 1 else {}
+    return docs[0], executors
+
+
+def test_the_yaml_carries_the_secret_environment_and_when_asked_the_volume(tmp_path):
+    spec, executors = _compiled(tmp_path, storage_secret="mlpipeline-minio-artifact", checkpoint_volume="shared")
+    secret = executors["exec-publish-model"]["secretAsEnv"][0]
+    assert secret["secretName"] == "mlpipeline-minio-artifact"
+    assert {(k["secretKey"], k["envVar"]) for k in secret["keyToEnv"]} == {
+        ("accesskey", "AWS_ACCESS_KEY_ID"),
+        ("secretkey", "AWS_SECRET_ACCESS_KEY"),
+    }
+    mount = executors["exec-train-worker"]["pvcMount"][0]
+    assert mount["mountPath"] == "/mnt/checkpoints"
+    assert mount["pvcNameParameter"]["componentInputParameter"].endswith("checkpoint_claim")
+    assert spec["root"]["inputDefinitions"]["parameters"]["checkpoint_claim"]["defaultValue"] == "shared"
+    assert not any("secretAsEnv" in e for name, e in executors.items() if name != "exec-publish-model")
+
+    (tmp_path / "plain").mkdir()
+    plain, plain_executors = _compiled(tmp_path / "plain")
+    assert not any("secretAsEnv" in e or "pvcMount" in e for e in plain_executors.values())
+    assert plain["root"]["inputDefinitions"]["parameters"]["checkpoint_claim"]["defaultValue"] == ""
+    assert plain["root"]["inputDefinitions"]["parameters"]["s3_endpoint"]["defaultValue"] == ""
+
+
+def test_the_parameter_server_pipeline_needs_no_status_location(tmp_path):
+    spec, _ = _compiled(
+        tmp_path, "parameter_server", storage_secret="s3-creds", storage_secret_keys="id=AWS_ACCESS_KEY_ID"
+    )
+    status_uri = spec["root"]["inputDefinitions"]["parameters"]["status_uri"]
+    assert status_uri["defaultValue"] == "" and status_uri["isOptional"] is True
+    assert "ConfigMap of the run in kubernetes mode" in status_uri["description"]

@@ -1,0 +1,138 @@
+"""Where the parameter-server chief keeps its status document: a ConfigMap of the run, or a file or object.
+
+    {"state": "running" | "succeeded" | "failed", "heartbeat": <unix time>, "detail": "..."}
+
+On Kubernetes the chief writes it to the ConfigMap `tfw-<run key>-status` in its namespace (`configmap:NAME`),
+owned by the run's Argo Workflow like the run's Services, so it goes when the run is deleted; parameter servers
+and workers read it through the API, so no volume or bucket is shared. Elsewhere it is a file (a local path for
+`trainer-launch`) or an `s3://` / `gs://` object, written whole each time (`trainer.storage`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+CONFIGMAP = "configmap:"
+KEY = "status.json"
+
+
+def configmap_name(run_id: str) -> str:
+    """`tfw-<run key>-status`: the run's status ConfigMap."""
+    from trainer import k8s
+
+    return f"tfw-{k8s.run_key(run_id)}-status"
+
+
+class FileStatus:
+    """The status as one file or object (a path, `s3://BUCKET/KEY`, `gs://BUCKET/KEY`), replaced whole."""
+
+    poll_seconds = 1.0
+
+    def __init__(self, uri: str) -> None:
+        from trainer.storage import Location, scheme_of
+
+        self.where = uri
+        head, _, self._name = uri.rstrip("/").rpartition("/")
+        if not scheme_of(uri) and not head:
+            head = "."
+        self._location = Location(head, os.environ.get("AWS_ENDPOINT_URL_S3", ""))
+
+    def write(self, document: dict[str, Any]) -> None:
+        """Replaces the document."""
+        self._location.write_json(document, self._name)
+
+    def read(self) -> dict[str, Any] | None:
+        """The document, or None when there is none (yet) or it is being replaced."""
+        try:
+            return self._location.read_json(self._name)
+        except ValueError:
+            return None
+
+
+class ConfigMapStatus:
+    """The status in a ConfigMap of this pod's namespace, through the Kubernetes API (in-cluster or KUBECONFIG)."""
+
+    poll_seconds = 2.0
+
+    def __init__(self, name: str, run_id: str = "", api: Any = None) -> None:
+        from trainer import k8s
+
+        self.name = name
+        self.run_id = run_id
+        self.namespace = k8s.namespace()
+        self.where = f"configmap {self.namespace}/{name}"
+        self._api = api
+        self._created = False
+
+    @property
+    def api(self) -> Any:
+        """The CoreV1Api, made on first use."""
+        from trainer import k8s
+
+        if self._api is None:
+            self._api = k8s.core_api()
+        return self._api
+
+    def _manifest(self, data: dict[str, str]) -> dict[str, Any]:
+        from trainer import k8s
+
+        labels = {"app.kubernetes.io/name": k8s.APP, "app.kubernetes.io/component": "ps-status"}
+        if self.run_id:
+            labels.update(k8s.run_labels(self.run_id))
+        metadata: dict[str, Any] = {"name": self.name, "labels": labels}
+        owner = k8s.workflow_owner(self.api, self.namespace, k8s.pod_name())
+        if owner:
+            metadata["ownerReferences"] = [owner]
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data}
+
+    def write(self, document: dict[str, Any]) -> None:
+        """Creates the ConfigMap on the first write (a retried chief finds it and patches it), then patches it."""
+        from kubernetes.client.exceptions import ApiException
+
+        from trainer import k8s
+
+        data = {KEY: json.dumps(document, sort_keys=True)}
+        if not self._created:
+            try:
+                self.api.create_namespaced_config_map(self.namespace, self._manifest(data))
+                self._created = True
+                log.info("created %s", self.where)
+                return
+            except ApiException as err:
+                if err.status != 409:
+                    raise k8s.explain(err, "create", "configmaps", self.namespace) from None
+                self._created = True
+        try:
+            self.api.patch_namespaced_config_map(self.name, self.namespace, {"data": data})
+        except ApiException as err:
+            raise k8s.explain(err, "patch", "configmaps", self.namespace) from None
+
+    def read(self) -> dict[str, Any] | None:
+        """The document, or None while the ConfigMap does not exist."""
+        from kubernetes.client.exceptions import ApiException
+
+        from trainer import k8s
+
+        try:
+            found = self.api.read_namespaced_config_map(self.name, self.namespace)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise k8s.explain(err, "get", "configmaps", self.namespace) from None
+        text = (found.data or {}).get(KEY)
+        try:
+            return json.loads(text) if text else None
+        except ValueError:
+            return None
+
+
+def open_status(uri: str, run_id: str = "") -> FileStatus | ConfigMapStatus:
+    """The status store `uri` names: `configmap:NAME`, or a path or object URI."""
+    if uri.startswith(CONFIGMAP):
+        return ConfigMapStatus(uri[len(CONFIGMAP) :], run_id)
+    return FileStatus(uri)
