@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 OUT ?= out
 FASHION_DIR := /usr/share/datasets/fashion-mnist
 
-.PHONY: run run-trainer test e2e lint compile fashion bench image clean
+.PHONY: run run-trainer test test-fast e2e compile fashion bench image clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,7 +31,12 @@ run-trainer: $(STAMP)
 
 test: $(STAMP) $(FASHION_DIR)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest
+
+## The fast tier: everything but multi-process training, the image and the containers (under a minute).
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow and not image and not e2e"
 
 compile: $(STAMP)
 	$(PY) pipelines/mnist.py --compile --output $(OUT)/mnist_pipeline.yaml

@@ -2,11 +2,12 @@
 
 A component or pipeline function names its contract settings as parameters without defaults (the embedded source of
 a lightweight component cannot import the contract); `declare` returns a copy of the function whose signature
-carries each setting's pipeline default (`trainer.config.pipeline_default`) and whose docstring's `Args:` section
+carries each setting's pipeline default (`pipeline_default`) and whose docstring's `Args:` section
 carries its help text. KFP reads both when it builds the component or pipeline spec, and both the KFP backend and
 kfp.local hand every input, defaults included, to the function when it runs.
 """
 
+import dataclasses
 import inspect
 import re
 import types
@@ -14,6 +15,34 @@ from collections.abc import Callable
 from typing import Any
 
 from trainer import config
+
+
+@dataclasses.dataclass(frozen=True)
+class Override:
+    """A default a pipeline run on a cluster changes, and why."""
+
+    value: Any
+    reason: str
+
+
+PIPELINE_OVERRIDES: dict[str, Override] = {
+    "startup_timeout": Override(
+        600.0,
+        "on a cluster every worker waits for the slowest pod to be scheduled and to pull "
+        "the 2.7 GB image, which takes minutes on a fresh node",
+    ),
+    "max_restarts": Override(
+        2,
+        "pods see transient peer losses (node drains, preemption, network blips) that a "
+        "restart in place survives; KFP's own retry does not reach tasks inside a ParallelFor on "
+        "every backend version and restarts the whole pod",
+    ),
+}
+
+
+def pipeline_default(name: str) -> Any:
+    """The default a pipeline parameter or component input of this name gets: the override, else the contract's."""
+    return PIPELINE_OVERRIDES[name].value if name in PIPELINE_OVERRIDES else config.default(name)
 
 
 def is_setting(name: str) -> bool:
@@ -61,7 +90,7 @@ def declare(func: Callable[..., Any], overrides: dict[str, Any] | None = None) -
         func.__code__,
         func.__globals__,
         func.__name__,
-        tuple((overrides or {}).get(n, config.pipeline_default(n)) for n in settings) or None,
+        tuple((overrides or {}).get(n, pipeline_default(n)) for n in settings) or None,
         func.__closure__,
     )
     copy.__doc__ = _docstring(func, settings)

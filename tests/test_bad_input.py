@@ -3,22 +3,16 @@ nothing written. The table spans the trainer CLIs, the pipeline CLI and the comp
 """
 
 import json
-import math
 import os
 import shutil
 
 import numpy as np
 import pytest
-from kfp.dsl import Artifact, Dataset, Markdown, Metrics, Model
 
-import components
-from pipelines import cli as pipeline_cli
+from tests.bad_input_pipeline import PIPELINE_CASES
 from tests.conftest import SAMPLE_DIR
 from trainer import evaluate, launch, prepare, train
 from trainer.idx import encode_idx
-
-OPS = components.build("registry.example.com/team/kfp-tf-multiworker:9.9.9")
-IMAGE = "registry.example.com/team/kfp-tf-multiworker:9.9.9"
 
 
 def _metadata(root, sample_data, name, change):
@@ -80,21 +74,6 @@ def _tf(cluster, task_type="worker", index=0):
 
 def _prepare(b, source, *extra, out="prepared"):
     return prepare.main, ["--source", source, "--output", str(b / "out" / out), *extra], out
-
-
-def _pipeline(*argv, out=None):
-    return pipeline_cli.main, list(argv), out
-
-
-def _component(name, **kwargs):
-    def call(argv):
-        try:
-            getattr(OPS, name).python_func(**kwargs)
-        except SystemExit as exit_info:
-            return exit_info.code
-        return 0
-
-    return call
 
 
 CASES = {
@@ -289,203 +268,10 @@ CASES = {
         None,
         "ps -1 is not allowed",
     ),
-    # the pipeline CLI
-    "compile without an image": lambda b, s: (
-        *_pipeline("--compile", "--output", str(b / "out" / "p1.yaml"), out="p1.yaml"),
-        "no image: pass --image REGISTRY/kfp-tf-multiworker:",
-    ),
-    "image reference invalid": lambda b, s: (
-        *_pipeline("--compile", "--image", "Team/Image:1", "--output", str(b / "out" / "p2.yaml"), out="p2.yaml"),
-        "image 'Team/Image:1' is not a valid image reference",
-    ),
-    "GPUs for a CPU image": lambda b, s: (
-        *_pipeline("--compile", "--image", IMAGE, "--gpus", "1", "--output", str(b / "out" / "p3.yaml"), out="p3.yaml"),
-        "gpus 1 is not allowed; allowed: 0. The image installs the CPU build",
-    ),
-    "CPU request not a quantity": lambda b, s: (
-        *_pipeline(
-            "--compile",
-            "--image",
-            IMAGE,
-            "--cpu-request",
-            "lots",
-            "--output",
-            str(b / "out" / "p4.yaml"),
-            out="p4.yaml",
-        ),
-        "cpu_request 'lots' is not allowed",
-    ),
-    "retries above maximum": lambda b, s: (
-        *_pipeline(
-            "--compile", "--image", IMAGE, "--retries", "11", "--output", str(b / "out" / "p5.yaml"), out="p5.yaml"
-        ),
-        "retries 11 is not allowed; allowed: 0 to 10",
-    ),
-    "compile to a non-YAML file": lambda b, s: (
-        *_pipeline("--compile", "--image", IMAGE, "--output", str(b / "out" / "p.json"), out="p.json"),
-        "must end with .yaml or .yml",
-    ),
-    "storage secret not a name": lambda b, s: (
-        *_pipeline(
-            "--compile", "--image", IMAGE, "--storage-secret", "My_Secret", "--output", str(b / "out" / "p6.yaml")
-        ),
-        "storage_secret 'My_Secret' is not allowed; allowed: a Secret name",
-    ),
-    "storage secret keys without variables": lambda b, s: (
-        *_pipeline(
-            "--compile", "--image", IMAGE, "--storage-secret-keys", "accesskey", "--output", str(b / "out" / "p7.yaml")
-        ),
-        "storage_secret_keys 'accesskey' is not allowed; allowed: KEY=ENV pairs",
-    ),
-    "checkpoint volume for the parameter-server pipeline": lambda b, s: (
-        *_pipeline(
-            "--compile",
-            "--image",
-            IMAGE,
-            "--strategy",
-            "parameter_server",
-            "--checkpoint-volume",
-            "ckpt",
-            "--output",
-            str(b / "out" / "p8.yaml"),
-        ),
-        "--checkpoint-volume is not allowed with --strategy parameter_server",
-    ),
-    "local run with three workers": lambda b, s: (
-        *_pipeline("--local", "--num-workers", "3", "--output-dir", str(b / "out" / "run1"), out="run1"),
-        "--num-workers 3 is not allowed with --local; allowed: 1 to 2",
-    ),
-    "local run gate above 1": lambda b, s: (
-        *_pipeline("--local", "--min-accuracy", "1.5", "--output-dir", str(b / "out" / "run2"), out="run2"),
-        "min_accuracy 1.5 is not allowed; allowed: a number from 0 to 1",
-    ),
-    "run parameter out of range": lambda b, s: (
-        *_pipeline("--run", "--image", IMAGE, "--host", "http://127.0.0.1:9", "--param", "epochs=0"),
-        "epochs 0 is not allowed",
-    ),
-    "run parameter unknown": lambda b, s: (
-        *_pipeline("--run", "--image", IMAGE, "--host", "http://127.0.0.1:9", "--param", "epoch=3"),
-        "--param 'epoch' is not a parameter of this pipeline",
-    ),
-    "schedule with five cron fields": lambda b, s: (
-        *_pipeline("--schedule", "0 2 * * *", "--image", IMAGE, "--host", "http://127.0.0.1:9"),
-        "KFP cron has 6 with seconds first: '0 0 2 * * *'",
-    ),
-    # component bodies
-    "prepare step source": lambda b, s: (
-        _component(
-            "prepare_data",
-            dataset=Dataset(uri=str(b / "out" / "ds")),
-            source="ftp://x",
-            max_train_examples=0,
-            max_test_examples=0,
-            num_shards=4,
-        ),
-        [],
-        "ds",
-        "source 'ftp://x' is not allowed",
-    ),
-    "cluster step without workers": lambda b, s: (
-        _component(
-            "create_cluster",
-            cluster=Artifact(uri=str(b / "out" / "c1")),
-            run_id="r",
-            num_workers=0,
-            cluster_mode="local",
-            port=2222,
-        ),
-        [],
-        "c1",
-        "num_workers 0 is not allowed; allowed: an integer from 1 to 64",
-    ),
-    "cluster step mode unknown": lambda b, s: (
-        _component(
-            "create_cluster",
-            cluster=Artifact(uri=str(b / "out" / "c2")),
-            run_id="r",
-            num_workers=2,
-            cluster_mode="docker",
-            port=2222,
-        ),
-        [],
-        "c2",
-        "cluster_mode 'docker' is not allowed; allowed: kubernetes, local",
-    ),
-    "worker step epochs NaN": lambda b, s: (
-        _component(
-            "train_worker",
-            dataset=Dataset(uri=s),
-            cluster=Artifact(uri=str(b / "cluster")),
-            worker_index=0,
-            model=Model(uri=str(b / "out" / "m9")),
-            run_id="r",
-            epochs=1,
-            batch_size=64,
-            learning_rate=math.nan,
-            startup_timeout=60.0,
-            unschedulable_timeout=60.0,
-            collective_timeout=0.0,
-            max_restarts=0,
-            checkpoint_dir="",
-            cluster_mode="local",
-        ),
-        [],
-        "m9",
-        "learning_rate nan is not allowed",
-    ),
-    "evaluate step gate NaN": lambda b, s: (
-        _component(
-            "evaluate",
-            dataset=Dataset(uri=s),
-            models=[Model(uri=str(b / "not-a-model"))],
-            metrics=Metrics(uri=str(b / "out" / "metrics")),
-            classification_metrics=Artifact(uri=str(b / "out" / "cm")),
-            report=Artifact(uri=str(b / "out" / "report")),
-            chief_model=Model(uri=str(b / "out" / "chief")),
-            min_accuracy=math.nan,
-        ),
-        [],
-        "chief",
-        "min_accuracy nan is not allowed",
-    ),
-    "publish step without a location": lambda b, s: (
-        _component(
-            "publish_model",
-            model=Model(uri=str(b / "not-a-model")),
-            metrics=Metrics(uri=str(b / "m")),
-            decision=Markdown(uri=str(b / "out" / "d")),
-            publish_uri="",
-        ),
-        [],
-        "d",
-        "publish_uri is empty",
-    ),
-    "publish step to an unknown scheme": lambda b, s: (
-        _component(
-            "publish_model",
-            model=Model(uri=str(b / "not-a-model")),
-            metrics=Metrics(uri=str(b / "m")),
-            decision=Markdown(uri=str(b / "out" / "d2")),
-            publish_uri="hdfs://nn/models",
-        ),
-        [],
-        "d2",
-        "publish_uri 'hdfs://nn/models' is not allowed; allowed: empty, a local or volume path, s3://BUCKET/PREFIX",
-    ),
-    "publish step endpoint without a scheme": lambda b, s: (
-        _component(
-            "publish_model",
-            model=Model(uri=str(b / "not-a-model")),
-            metrics=Metrics(uri=str(b / "m")),
-            decision=Markdown(uri=str(b / "out" / "d3")),
-            publish_uri="s3://models/mnist",
-            s3_endpoint="minio-service.kubeflow:9000",
-        ),
-        [],
-        "d3",
-        "s3_endpoint 'minio-service.kubeflow:9000' is not allowed; allowed: empty or http(s)://HOST[:PORT]",
-    ),
 }
+
+
+CASES.update(PIPELINE_CASES)
 
 
 def test_the_table_covers_every_entry_point():

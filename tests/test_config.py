@@ -10,6 +10,7 @@ import sys
 import pytest
 import yaml
 
+from components import contract
 from pipelines.cli import compile_pipeline
 from pipelines.factories import FACTORIES
 from tests.conftest import ROOT
@@ -30,7 +31,7 @@ def test_every_setting_is_declared_once_with_help_and_a_check():
 
 
 def test_overrides_name_settings_say_why_and_pass_the_check():
-    for name, override in config.PIPELINE_OVERRIDES.items():
+    for name, override in contract.PIPELINE_OVERRIDES.items():
         assert override.value != config.default(name) and len(override.reason) > 40
         assert config.check(name, override.value) == override.value
 
@@ -74,13 +75,13 @@ def test_every_default_and_description_in_the_yaml_comes_from_the_contract(compi
     root = compiled["root"]["inputDefinitions"]["parameters"]
     assert root, "the pipeline has parameters"
     for name, parameter in root.items():
-        assert parameter["defaultValue"] == config.pipeline_default(name), name
+        assert parameter["defaultValue"] == contract.pipeline_default(name), name
         assert parameter["description"] == config.help_text(name), name
     component_defaults = 0
     for component in compiled["components"].values():
         for name, parameter in component.get("inputDefinitions", {}).get("parameters", {}).items():
             if "defaultValue" in parameter and not name.startswith("pipelinechannel--"):
-                assert parameter["defaultValue"] == config.pipeline_default(name), name
+                assert parameter["defaultValue"] == contract.pipeline_default(name), name
                 assert parameter["description"] == config.help_text(name), name
                 component_defaults += 1
     assert component_defaults >= 20

@@ -11,9 +11,9 @@ import pytest
 
 from tests.conftest import ROOT
 from trainer.cluster import build_tf_config
+from trainer.control import Control
 from trainer.errors import StartupTimeoutError
 from trainer.launch import free_ports
-from trainer.supervisor import Control
 
 
 def _env(**extra):

@@ -2,137 +2,43 @@
 
 Each setting is a field of a frozen dataclass with its type, default, help text and the values it allows. The
 trainer CLIs' flags (`trainer.flags`), the components' and the pipeline's parameter defaults and descriptions
-(`components.contract`) are derived from these declarations; `PIPELINE_OVERRIDES` lists the few defaults a
-pipeline run on a cluster changes, each with its reason. Construction checks every field, so a config that exists
-is valid.
+(`components.contract`) are derived from these declarations; `components.contract.PIPELINE_OVERRIDES` lists the
+few defaults a pipeline run on a cluster changes, each with its reason. Construction checks every field, so a
+config that exists is valid.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-from trainer.errors import UsageError
+from trainer.checks import (
+    FLAG,
+    SOURCE_FORMS,
+    Check,
+    Checked,
+    at_least,
+    checked,
+    dns_subdomain_or_empty,
+    int_between,
+    is_source,
+    location,
+    non_empty,
+    number_between,
+    one_of,
+    setting,
+    text,
+)
 
 STRATEGIES = ("multi_worker_mirrored", "parameter_server")
-SOURCE_FORMS = "'sample', 'idx:DIR_OR_URI', or a TFDS name such as 'mnist' or 'tfds:fashion_mnist'"
-_DNS_SUBDOMAIN = re.compile(r"^$|^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_TFDS_NAME = re.compile(r"^[a-z][a-z0-9_]*(/[A-Za-z0-9_.-]+)?(:[0-9.*]+)?$")
 CLUSTER_MODES = ("kubernetes", "local")
 MAX_WORKERS = 64
 
 
 @dataclasses.dataclass(frozen=True)
-class Check:
-    """What a setting allows: a predicate over the value and the words that say it."""
-
-    ok: Callable[[Any], bool]
-    allowed: str
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
-
-
-def at_least(low: int, what: str = "an integer") -> Check:
-    """Allows integers from `low` up."""
-    return Check(lambda v: _is_int(v) and v >= low, f"{what} of at least {low}")
-
-
-def int_between(low: int, high: int) -> Check:
-    """Allows integers from `low` to `high`."""
-    return Check(lambda v: _is_int(v) and low <= v <= high, f"an integer from {low} to {high}")
-
-
-def above(low: float, what: str = "a number") -> Check:
-    """Allows finite numbers above `low`."""
-    return Check(lambda v: _is_number(v) and v > low, f"{what} above {low:g}")
-
-
-def not_below(low: float, what: str = "a number") -> Check:
-    """Allows finite numbers from `low` up."""
-    return Check(lambda v: _is_number(v) and v >= low, f"{what} of at least {low:g}")
-
-
-def number_between(low: float, high: float) -> Check:
-    """Allows finite numbers from `low` to `high`."""
-    return Check(lambda v: _is_number(v) and low <= v <= high, f"a number from {low:g} to {high:g}")
-
-
-def one_of(*choices: str) -> Check:
-    """Allows exactly these strings."""
-    return Check(lambda v: v in choices, ", ".join(choices))
-
-
-def text(what: str = "text") -> Check:
-    """Allows any string."""
-    return Check(lambda v: isinstance(v, str), what)
-
-
-def non_empty(what: str = "a non-empty path") -> Check:
-    """Allows strings that are not blank."""
-    return Check(lambda v: isinstance(v, str) and bool(v.strip()), what)
-
-
-FLAG = Check(lambda v: isinstance(v, bool), "true or false")
-_URI_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-
-
-def location(*schemes: str, what: str = "a local or volume path") -> Check:
-    """Empty, a path, or a URI of one of `schemes` (`s3://BUCKET/PREFIX`) with a bucket."""
-
-    def ok(value: Any) -> bool:
-        if not isinstance(value, str):
-            return False
-        match = _URI_SCHEME.match(value)
-        if not match:
-            return True
-        scheme = match.group(1).lower()
-        return (scheme == "file" and len(value) > 7) or (scheme in schemes and bool(value[match.end() :].split("/")[0]))
-
-    return Check(ok, ", ".join([f"empty, {what}", *(f"{s}://BUCKET/PREFIX" for s in schemes)]))
-
-
-def is_source(value: Any) -> bool:
-    """Whether `value` is one of the data source forms (`SOURCE_FORMS`)."""
-    if not isinstance(value, str):
-        return False
-    if value == "sample" or (value.startswith("idx:") and len(value) > 4):
-        return True
-    return bool(_TFDS_NAME.match(value[5:] if value.startswith("tfds:") else value))
-
-
-def setting(default: Any = dataclasses.MISSING, help: str = "", *, check: Check, flag: str | None = None) -> Any:
-    """A dataclass field with the metadata the CLIs and the pipeline read: help text, check and flag name."""
-    metadata = {"help": help, "check": check, "flag": flag}
-    if default is dataclasses.MISSING:
-        return dataclasses.field(metadata=metadata)
-    return dataclasses.field(default=default, metadata=metadata)
-
-
-class _Checked:
-    """Checks every field on construction; the error names the field, the value and what is allowed."""
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            value = getattr(self, f.name)
-            if f.type in ("float", float) and _is_int(value):
-                object.__setattr__(self, f.name, float(value))
-                value = float(value)
-            check: Check = f.metadata["check"]
-            if not check.ok(value):
-                raise UsageError(f"{f.name} {value!r} is not allowed; allowed: {check.allowed}")
-
-
-@dataclasses.dataclass(frozen=True)
-class DataConfig(_Checked):
+class DataConfig(Checked):
     """Which data, how much of it, and how it is read."""
 
     source: str = setting(
@@ -161,7 +67,7 @@ class DataConfig(_Checked):
 
 
 @dataclasses.dataclass(frozen=True)
-class OptimConfig(_Checked):
+class OptimConfig(Checked):
     """How long and how fast to train."""
 
     epochs: int = setting(12, "passes over the training data", check=int_between(1, 100_000))
@@ -188,7 +94,7 @@ class OptimConfig(_Checked):
 
 
 @dataclasses.dataclass(frozen=True)
-class ClusterConfig(_Checked):
+class ClusterConfig(Checked):
     """The cluster's shape, how its members find each other, and how long they wait for each other."""
 
     strategy: str = setting(
@@ -249,7 +155,7 @@ class ClusterConfig(_Checked):
 
 
 @dataclasses.dataclass(frozen=True)
-class RuntimeConfig(_Checked):
+class RuntimeConfig(Checked):
     """Where this process reads and writes, and which run it belongs to."""
 
     data_dir: str = setting(help="prepared dataset directory (from trainer-prepare)", check=non_empty(), flag="--data")
@@ -267,7 +173,7 @@ class RuntimeConfig(_Checked):
         "",
         "a ReadWriteMany PersistentVolumeClaim mounted at /mnt/checkpoints on every training pod of a pipeline "
         "compiled with --checkpoint-volume; checkpoints then outlive a pod; empty: no volume",
-        check=Check(lambda v: isinstance(v, str) and bool(_DNS_SUBDOMAIN.match(v)), "empty or a claim name"),
+        check=dns_subdomain_or_empty("empty or a claim name"),
     )
     status_uri: str = setting(
         "",
@@ -289,7 +195,7 @@ class RuntimeConfig(_Checked):
 
 
 @dataclasses.dataclass(frozen=True)
-class PublishConfig(_Checked):
+class PublishConfig(Checked):
     """The quality gate and where a model that passes it is published."""
 
     min_accuracy: float = setting(
@@ -347,29 +253,6 @@ GROUPS: dict[str, type] = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class Override:
-    """A default a pipeline run on a cluster changes, and why."""
-
-    value: Any
-    reason: str
-
-
-PIPELINE_OVERRIDES: dict[str, Override] = {
-    "startup_timeout": Override(
-        600.0,
-        "on a cluster every worker waits for the slowest pod to be scheduled and to pull "
-        "the 2.7 GB image, which takes minutes on a fresh node",
-    ),
-    "max_restarts": Override(
-        2,
-        "pods see transient peer losses (node drains, preemption, network blips) that a "
-        "restart in place survives; KFP's own retry does not reach tasks inside a ParallelFor on "
-        "every backend version and restarts the whole pod",
-    ),
-}
-
-
 def fields() -> Iterator[dataclasses.Field]:
     """Every setting of the contract, group by group."""
     for group in GROUPS.values():
@@ -400,11 +283,6 @@ def default(name: str) -> Any:
     return f.default
 
 
-def pipeline_default(name: str) -> Any:
-    """The default a pipeline parameter or component input of this name gets: the override, else the contract's."""
-    return PIPELINE_OVERRIDES[name].value if name in PIPELINE_OVERRIDES else default(name)
-
-
 def help_text(name: str) -> str:
     """The help text of the setting `name`: its CLI help and its pipeline description."""
     return field(name).metadata["help"]
@@ -412,9 +290,4 @@ def help_text(name: str) -> str:
 
 def check(name: str, value: Any) -> Any:
     """Checks one value against its setting's declaration and returns it (ints widened to float where declared)."""
-    f = field(name)
-    if f.type in ("float", float) and _is_int(value):
-        value = float(value)
-    if not f.metadata["check"].ok(value):
-        raise UsageError(f"{name} {value!r} is not allowed; allowed: {f.metadata['check'].allowed}")
-    return value
+    return checked(field(name), value)

@@ -21,7 +21,7 @@ from trainer.errors import StartupTimeoutError
 
 log = logging.getLogger(__name__)
 
-POLL_SECONDS = 2.0
+POLL_SECONDS = 1.0
 
 
 def tasks_in_order(spec: dict[str, list[str]]) -> list[tuple[str, str]]:
