@@ -24,9 +24,11 @@ def run_module(module: str, *args: str, env: dict | None = None, timeout: float 
 @pytest.fixture(scope="session")
 def sample_data(tmp_path_factory) -> str:
     """The shipped sample, prepared once per test session (real digits, 4,000 train / 1,000 test)."""
+    from trainer import prepare
+    from trainer.config import DataConfig
+
     out = tmp_path_factory.mktemp("prepared") / "mnist-sample"
-    result = run_module("trainer.prepare", "--source", "sample", "--output", str(out))
-    assert result.returncode == 0, result.stderr
+    prepare.run(DataConfig(source="sample"), str(out))
     return str(out)
 
 

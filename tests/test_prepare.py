@@ -179,6 +179,7 @@ def test_tfds_source_reads_a_prepared_tfds_dataset(tmp_path):
     assert images.astype(np.int64).sum() == expected[:50].astype(np.int64).sum()
 
 
+@pytest.mark.slow
 def test_debian_fashion_mnist_idx_files_read_unchanged(tmp_path):
     if not os.path.isdir(FASHION) and os.geteuid() != 0:
         pytest.skip(f"needs Debian's dataset-fashion-mnist at {FASHION}; make test installs it when run as root")
