@@ -38,8 +38,9 @@ test: $(STAMP) $(FASHION_DIR)
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow and not image and not e2e"
 
+## The pipeline YAML for a cluster: make compile IMAGE=registry.example.com/team/kfp-tf-multiworker:0.1.0
 compile: $(STAMP)
-	$(PY) pipelines/mnist.py --compile --output $(OUT)/mnist_pipeline.yaml
+	$(PY) pipelines/mnist.py --compile $(if $(IMAGE),--image $(IMAGE)) --output $(OUT)/mnist_pipeline.yaml
 
 ## Full Fashion-MNIST from Debian's package, 2 workers, 5 epochs (a few minutes on 2 cores).
 fashion: $(STAMP) $(FASHION_DIR)
