@@ -1,0 +1,214 @@
+"""The measurements of `make bench`: each runs the real trainer or plain Keras in its own process and times it."""
+
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def bench_env(**extra):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    env.pop("TF_CONFIG", None)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run(args, env=None, timeout=1800):
+    started = time.perf_counter()
+    result = subprocess.run(args, cwd=ROOT, env=env or bench_env(), capture_output=True, text=True, timeout=timeout)
+    if result.returncode:
+        command = " ".join(map(str, args[:6]))
+        raise SystemExit(f"benchmark step failed ({command}...):\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
+    return result, time.perf_counter() - started
+
+
+def steady(epochs, key="examples_per_second"):
+    """Mean over the epochs after the first (the first traces and fills caches)."""
+    values = [e[key] for e in epochs[1:]] or [e[key] for e in epochs]
+    return statistics.mean(values)
+
+
+def matmul_gflops(size=2048, repeats=20):
+    import tensorflow as tf
+
+    a = tf.random.normal([size, size])
+    b = tf.random.normal([size, size])
+    tf.matmul(a, b).numpy()
+    started = time.perf_counter()
+    for _ in range(repeats):
+        c = tf.matmul(a, b)
+    c.numpy()
+    return 2 * size**3 * repeats / (time.perf_counter() - started) / 1e9
+
+
+def bench_model(meta):
+    """The trainer's model for this dataset, built once to count its FLOPs and gradient tensors."""
+    from trainer.model import build_model
+
+    return build_model(tuple(meta["image_shape"]), meta["num_classes"], 0.001)
+
+
+def model_train_flops_per_example(model):
+    """Forward multiply-adds of the CNN counted from its layers, x2 for FLOPs, x3 for forward + backward."""
+    import tf_keras as keras
+
+    forward = 0
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.Conv2D):
+            _, h, w, c = layer.output.shape
+            kh, kw = layer.kernel_size
+            forward += h * w * c * kh * kw * layer.input.shape[-1] * 2
+        elif isinstance(layer, keras.layers.Dense):
+            forward += layer.input.shape[-1] * layer.units * 2
+    return 3 * forward
+
+
+def input_pipeline_rate(data_dir, meta):
+    """The training input pipeline alone, consumed inside TensorFlow (no Python per batch), after one warm-up epoch.
+
+    One iterator throughout, as in training: the warm-up fills the cache, then two epochs are timed.
+    """
+    import tensorflow as tf
+
+    from trainer.config import DataConfig
+    from trainer.inputs import train_dataset
+
+    steps = meta["splits"]["train"]["num_examples"] // 64
+    ds = train_dataset(data_dir, meta, DataConfig(), 64, steps, 1, 0, tf.Variable(0, dtype=tf.int64))
+    iterator = iter(ds)
+
+    @tf.function
+    def consume(count):
+        for _ in tf.range(count):
+            next(iterator)
+
+    consume(tf.constant(steps))
+    batches = 2 * steps
+    started = time.perf_counter()
+    consume(tf.constant(batches))
+    return batches * 64 / (time.perf_counter() - started)
+
+
+def import_seconds(statement, repeats=3):
+    times = []
+    for _ in range(repeats):
+        _, seconds = run([sys.executable, "-c", statement])
+        times.append(seconds)
+    return statistics.median(times)
+
+
+def train_run(data, work, name, workers, epochs, *extra, env=None, ps=0, examples=0, batch=64):
+    """One trainer run through the launcher (or one process with `workers=0`); `examples` per epoch when set."""
+    model_dir = work / name
+    args = [
+        "--data",
+        str(data),
+        "--model-dir",
+        str(model_dir),
+        "--epochs",
+        str(epochs),
+        "--batch-size",
+        str(batch),
+        *extra,
+    ]
+    if examples:
+        args += ["--steps-per-epoch", str(max(1, examples // (batch * max(workers, 1))))]
+    if workers:
+        command = [sys.executable, "-m", "trainer.launch", "--workers", str(workers), "--ps", str(ps), "--", *args]
+    else:
+        command = [sys.executable, "-m", "trainer.train", *args]
+    _, wall = run(command, env=env)
+    history = json.loads((model_dir / "history.json").read_text())
+    return {
+        "examples_per_second": steady(history["epochs"]),
+        "wall_seconds": wall,
+        "history": history,
+        "step_seconds": statistics.mean(e["seconds"] for e in history["epochs"][1:]) / history["steps_per_epoch"],
+        "model_dir": str(model_dir),
+    }
+
+
+def baseline_run(data, epochs, examples, steps_per_execution=1):
+    result, wall = run(
+        [
+            sys.executable,
+            "bench/baseline.py",
+            "--data",
+            str(data),
+            "--epochs",
+            str(epochs),
+            "--examples",
+            str(examples),
+            "--steps-per-execution",
+            str(steps_per_execution),
+        ]
+    )
+    baseline = json.loads(result.stdout.strip().splitlines()[-1])
+    rate = baseline["examples_per_epoch"] / statistics.mean(baseline["epoch_seconds"][1:])
+    return {"examples_per_second": rate, "epoch_seconds": baseline["epoch_seconds"], "wall_seconds": wall}
+
+
+def interleaved(runs, repeats):
+    """Runs each named measurement `repeats` times in turn (A B C A B C ...) and keeps the median run of each.
+
+    The machine's speed drifts by ±10% over minutes; interleaving exposes every configuration to the same drift and
+    the median drops a disturbed run, so the ratios between them hold better than single runs a few minutes apart.
+    """
+    samples = {name: [] for name in runs}
+    for i in range(repeats):
+        for name, measure in runs.items():
+            samples[name].append(measure(i))
+    chosen = {}
+    for name, values in samples.items():
+        ordered = sorted(values, key=lambda v: v["examples_per_second"])
+        chosen[name] = dict(ordered[len(ordered) // 2], samples=[round(v["examples_per_second"], 1) for v in values])
+    return chosen
+
+
+def pipeline_overhead(work, epochs, compiles):
+    compile_times = []
+    for i in range(compiles):
+        _, seconds = run([sys.executable, "pipelines/mnist.py", "--compile", "--output", str(work / f"p{i}.yaml")])
+        compile_times.append(seconds)
+    result, wall = run(
+        [
+            sys.executable,
+            "pipelines/mnist.py",
+            "--local",
+            "--num-workers",
+            "2",
+            "--epochs",
+            str(epochs),
+            "--output-dir",
+            str(work / "pipeline"),
+        ]
+    )
+    log = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout + result.stderr)
+    stamps = {}
+    for m in re.finditer(r"(\d\d:\d\d:\d\d\.\d+) - INFO - (?:Executing task|Task) '([\w-]+)'", log):
+        clock, task = m.group(1), m.group(2)
+        t = datetime.strptime(clock, "%H:%M:%S.%f")
+        stamps.setdefault(task, []).append(t)
+    spans = {task: (max(ts) - min(ts)).total_seconds() for task, ts in stamps.items() if len(ts) >= 2}
+    training = max((s for t, s in spans.items() if "train-worker" in t), default=0.0)
+    evaluation = spans.get("evaluate", 0.0)
+    accuracy = float(re.search(r"test accuracy: ([0-9.]+)", result.stdout).group(1))
+    return {
+        "compile_seconds": statistics.median(compile_times),
+        "local_run_seconds": wall,
+        "epochs": epochs,
+        "compiles": compiles,
+        "task_seconds": spans,
+        "training_seconds": training,
+        "evaluation_seconds": evaluation,
+        "overhead_seconds": wall - training - evaluation,
+        "accuracy": accuracy,
+    }
