@@ -250,6 +250,13 @@ class RuntimeConfig(_Checked):
         check=text(),
     )
     threads: int = setting(0, "intra-op threads; 0: TensorFlow decides", check=int_between(0, 1024))
+    tensorboard_dir: str = setting(
+        "",
+        "where the chief writes TensorBoard event files (loss, accuracy, learning rate, examples/s and, when "
+        "validating, validation loss and accuracy, once per epoch) in a subdirectory named by run_id; a local "
+        "path or a tf.io.gfile URI such as gs://bucket/tensorboard; empty: none",
+        check=text(),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
