@@ -22,6 +22,9 @@ SOURCE_FORMS = "'sample', 'idx:DIR_OR_URI', or a TFDS name such as 'mnist' or 't
 _TFDS_NAME = re.compile(r"^[a-z][a-z0-9_]*(/[A-Za-z0-9_.-]+)?(:[0-9.*]+)?$")
 CLUSTER_MODES = ("kubernetes", "local")
 MAX_WORKERS = 64
+# KServe's own rule for an InferenceService name (IsvcNameFmt in its v1beta1 validation), at most a DNS label long.
+_SERVING_NAME = re.compile(r"^([a-z]([-a-z0-9]*[a-z0-9])?)?$")
+_IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -275,6 +278,34 @@ class PublishConfig(_Checked):
 
 
 @dataclasses.dataclass(frozen=True)
+class ServingConfig(_Checked):
+    """The KServe InferenceService that serves the published model (docs/serving.md)."""
+
+    serving_name: str = setting(
+        "",
+        "name of the KServe InferenceService that serves the published model, created or patched after "
+        "publishing in the run's namespace; empty: no deployment",
+        check=Check(
+            lambda v: isinstance(v, str) and len(v) <= 63 and bool(_SERVING_NAME.match(v)),
+            "empty, or lowercase letters, digits and '-', starting with a letter and ending with a letter or "
+            "digit, at most 63 characters (KServe's rule for InferenceService names)",
+        ),
+    )
+    serving_timeout: float = setting(
+        900.0,
+        "seconds to wait for the InferenceService to become Ready (the serving image is pulled and the model "
+        "downloaded first) before failing with KServe's last reason",
+        check=number_between(1, 86_400),
+    )
+    serving_runtime_version: str = setting(
+        "2.20.0",
+        "the TensorFlow Serving image tag the InferenceService runs (KServe's runtimeVersion); KServe's default "
+        "2.6.2 cannot load what TensorFlow 2.21 exports (docs/serving.md)",
+        check=Check(lambda v: isinstance(v, str) and bool(_IMAGE_TAG.match(v)), "an image tag such as 2.20.0"),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Everything one training task needs, in the four groups of the contract."""
 
@@ -304,6 +335,7 @@ GROUPS: dict[str, type] = {
     "optim": OptimConfig,
     "cluster": ClusterConfig,
     "publish": PublishConfig,
+    "serving": ServingConfig,
 }
 
 

@@ -148,14 +148,19 @@ def train_task(
 
 
 def evaluate(dataset: str, model_dirs: list[str], report: str, chief_copy: str, min_accuracy: float) -> dict[str, Any]:
-    """Evaluates the chief's exported SavedModel on the test split, writes the HTML report and copies the model.
+    """Evaluates the chief's exported SavedModel, runs the serving check, writes the HTML report, copies the model.
+
+    The serving check (`trainer.serving_check`) serves the SavedModel in a fresh process the way TF Serving does
+    and compares its answers for the first held-out images with the evaluation's.
 
     Returns:
-        The metrics (accuracy, loss, per-class results, confusion matrix, the gate's threshold) and `source_dir`.
+        The metrics (accuracy, loss, per-class results, confusion matrix, the gate's threshold, `passed_gate`),
+        `serving_check` (its result) with `serving_check_passed`, and `source_dir`.
     """
     import shutil
 
     from trainer import evaluate as evaluation
+    from trainer import serving_check
     from trainer.export import HISTORY_FILE, SAVED_MODEL_DIR
     from trainer.report import write_html
 
@@ -165,9 +170,14 @@ def evaluate(dataset: str, model_dirs: list[str], report: str, chief_copy: str, 
         raise UsageError(
             f"expected exactly one worker model with a SavedModel, found {len(chiefs)} of {len(model_dirs)}"
         )
-    result = evaluation.run(chiefs[0], dataset)
+    result, images, probabilities = evaluation.evaluate_split(chiefs[0], dataset)
+    log.info("test accuracy %.4f, loss %.4f on %d examples", result["accuracy"], result["loss"], len(images))
     result["min_accuracy"] = gate.min_accuracy
     result["passed_gate"] = int(result["accuracy"] >= gate.min_accuracy)
+    count = min(len(images), serving_check.EXAMPLES)
+    check = serving_check.run(os.path.join(chiefs[0], SAVED_MODEL_DIR), images[:count], probabilities[:count])
+    result["serving_check"] = check
+    result["serving_check_passed"] = int(check["passed"])
     with open(os.path.join(chiefs[0], HISTORY_FILE)) as f:
         history = json.load(f)
     write_html(report, result, history)
@@ -191,3 +201,57 @@ def publish_model(model_dir: str, metrics: dict[str, Any], publish_uri: str, mod
         "parameters": history.get("parameters", {}),
     }
     return publish(os.path.join(model_dir, SAVED_MODEL_DIR), metrics, target.publish_uri, lineage)
+
+
+def deploy_model(
+    publish_uri: str,
+    serving_name: str,
+    serving_timeout: float,
+    serving_runtime_version: str,
+    version: int,
+    published_path: str,
+    api: Any = None,
+    poll: float | None = None,
+) -> dict[str, Any]:
+    """Serves the published model with the KServe InferenceService `serving_name`; off when that is empty.
+
+    Creates or patches it in this pod's namespace and waits until it is Ready. `version` and `published_path` are
+    what latest.json names after the publish step (the best model published so far), as its decision records.
+
+    Returns:
+        `deployed` and `reason`, and when deployed the InferenceService's `url`, `predict_url`, `version`, ...
+
+    Raises:
+        UsageError: a bad setting, or nothing published; nothing was sent to the cluster.
+        KubernetesError: the API refused a call, or the rollout failed (the previous revision keeps serving).
+    """
+    from trainer import k8s, kserve
+    from trainer.config import ServingConfig
+
+    settings = ServingConfig(
+        serving_name=serving_name, serving_timeout=serving_timeout, serving_runtime_version=serving_runtime_version
+    )
+    if not settings.serving_name:
+        return {"deployed": False, "reason": "not deployed: serving_name is empty"}
+    kserve.storage_uri(publish_uri)
+    if not version:
+        raise UsageError(f"nothing is published at publish_uri {publish_uri!r} (version {version!r}); nothing to serve")
+    namespace = k8s.namespace()
+    if api is None:
+        from kubernetes import client
+
+        api = client.CustomObjectsApi(k8s.core_api().api_client)
+    result = kserve.deploy(
+        api,
+        namespace,
+        settings.serving_name,
+        publish_uri,
+        settings.serving_runtime_version,
+        version,
+        published_path,
+        settings.serving_timeout,
+        kserve.POLL_SECONDS if poll is None else poll,
+    )
+    reason = f"InferenceService {settings.serving_name} serves version {version} at {result['url']}"
+    log.info(reason)
+    return {"deployed": True, "reason": reason, "version": version, **result}

@@ -3,6 +3,7 @@
 Generic over namespaced resources, core (`/api/v1/namespaces/{ns}/{resource}[/{name}]`) and grouped
 (`/apis/{group}/{version}/namespaces/{ns}/{resource}[/{name}]`): create, get, list (label and field selectors),
 patch (merge, strategic merge, JSON patch), replace, delete and deletecollection, with `Status` bodies for errors.
+`metadata.generation` starts at 1 and grows when anything but metadata and status changes, as in the real API.
 Every call is recorded as a `Call(verb, resource, namespace, name)` (grouped resources as `plural.group`, as
 kubectl writes them) so tests can compare the calls with an RBAC Role; a Role can also be enforced.
 
@@ -151,6 +152,13 @@ class KubeStandIn:
         with self._lock:
             created = self._create(Target(resource, group, api_version, namespace, None), objects.clone(obj))
             return objects.clone(created)
+
+    def set_status(self, resource: str, namespace: str, name: str, status: dict) -> dict:
+        """Replaces an object's status as its controller would (no call is recorded); returns the object."""
+        with self._lock:
+            obj = self._objects[(resource, namespace, name)]
+            obj["status"] = objects.clone(status)
+            return objects.clone(self._bump(obj))
 
     def add_pod(
         self,
@@ -355,7 +363,7 @@ class KubeStandIn:
                 f'{key} "{meta["name"]}" already exists',
                 self._details(target._replace(name=meta["name"])),
             )
-        meta.update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now())
+        meta.update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1)
         obj.setdefault("kind", KINDS.get(key, key.split(".")[0].rstrip("s").capitalize()))
         obj.setdefault("apiVersion", target.api_version)
         if key == "pods":
@@ -403,6 +411,10 @@ class KubeStandIn:
             )
         for field in ("namespace", "uid", "creationTimestamp"):
             new["metadata"][field] = current["metadata"][field]
+        spec_changed = {k: v for k, v in new.items() if k not in ("metadata", "status")} != {
+            k: v for k, v in current.items() if k not in ("metadata", "status")
+        }
+        new["metadata"]["generation"] = current["metadata"].get("generation", 1) + int(spec_changed)
         if target.group in BUILT_IN_GROUPS and "status" in current:  # status is a subresource: kept as it was
             new["status"] = current["status"]
         self._objects[(key, ns, name)] = new
