@@ -139,6 +139,9 @@ def build_parser(action: str | None) -> argparse.ArgumentParser:
             help="the quality gate before publishing",
         )
         local.add_argument("--publish-uri", default="", help="where a model that passes the gate is published")
+        local.add_argument(
+            "--tensorboard-dir", default="", help="where the chief writes TensorBoard event files (empty: none)"
+        )
         local.add_argument("--output-dir", default="out/pipeline", help="the local pipeline root")
         local.add_argument(
             "--strategy", default="multi_worker_mirrored", help="only multi_worker_mirrored runs locally"
@@ -204,9 +207,11 @@ def _local(args: argparse.Namespace) -> None:
         source=args.source,
         min_accuracy=args.min_accuracy,
         publish_uri=args.publish_uri,
+        tensorboard_dir=args.tensorboard_dir,
     )
     lines = [f"pipeline finished in {result['seconds']}s", f"test accuracy: {result['accuracy']:.4f}"]
-    lines += [f"{name}: {result[name]}" for name in ("run", "model", "report", "publish")]
+    names = ("serving check", "publish", "run", "model", "report", "tensorboard")
+    lines += [f"{name}: {result[name]}" for name in names]
     # sys.stdout.write, not print: kfp.local leaves builtins.print patched to indent every line
     sys.stdout.write("\n" + "\n".join(lines) + "\n")
     sys.stdout.flush()

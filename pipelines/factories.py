@@ -1,6 +1,7 @@
 """The pipelines, one pure factory per strategy: an image and pod settings in, a KFP pipeline out.
 
-    prepare data -> create cluster -> training tasks (ParallelFor) -> evaluate -> quality gate -> publish
+    prepare data -> create cluster -> training tasks (ParallelFor) -> evaluate + serving check -> quality gate
+        -> publish -> deploy (a KServe InferenceService, when serving_name is set)
 
 Every parameter is a setting of the contract (`trainer.config`): its default and description come from there.
 There is no exit handler: each training task creates its own Kubernetes Service when it joins and deletes it when
@@ -23,12 +24,21 @@ NAMES = {"multi_worker_mirrored": "mnist-multiworker", "parameter_server": "mnis
 
 
 class Outputs(NamedTuple):
-    """What a run returns: the test accuracy, the chief's model, the metrics and the HTML report."""
+    """What a run returns: the test accuracy, the serving check's verdict, the chief's model, metrics and report."""
 
     accuracy: float
+    serving_check: str
     model: Model
     metrics: Metrics
     report: HTML
+
+
+class Serving(NamedTuple):
+    """The pipeline parameters of the deploy step."""
+
+    name: Any
+    timeout: Any
+    runtime_version: Any
 
 
 def _prepare(ops: Any, source: Any, max_train_examples: Any, max_test_examples: Any, num_shards: Any) -> Any:
@@ -38,17 +48,32 @@ def _prepare(ops: Any, source: Any, max_train_examples: Any, max_test_examples: 
     return prepared.set_display_name("prepare data").set_caching_options(True)
 
 
-def _evaluate_and_publish(ops: Any, prepared: Any, models: Any, min_accuracy: Any, publish_uri: Any) -> Outputs:
+def _evaluate_and_publish(
+    ops: Any, prepared: Any, models: Any, min_accuracy: Any, publish_uri: Any, serving: Serving
+) -> Outputs:
     evaluation = ops.evaluate(dataset=prepared.outputs["dataset"], models=models, min_accuracy=min_accuracy)
-    evaluation.set_display_name("evaluate").set_caching_options(False)
-    with dsl.If(evaluation.outputs["Output"] >= min_accuracy, name="quality gate"):
-        with dsl.If(publish_uri != "", name="publish location set"):
-            published = ops.publish_model(
-                model=evaluation.outputs["chief_model"], metrics=evaluation.outputs["metrics"], publish_uri=publish_uri
-            )
-            published.set_display_name("publish model").set_caching_options(False)
+    evaluation.set_display_name("evaluate and check serving").set_caching_options(False)
+    with dsl.If(evaluation.outputs["accuracy"] >= min_accuracy, name="quality gate"):
+        with dsl.If(evaluation.outputs["serving_check"] == "passed", name="serving check passed"):
+            with dsl.If(publish_uri != "", name="publish location set"):
+                published = ops.publish_model(
+                    model=evaluation.outputs["chief_model"],
+                    metrics=evaluation.outputs["metrics"],
+                    publish_uri=publish_uri,
+                )
+                published.set_display_name("publish model").set_caching_options(False)
+                with dsl.If(serving.name != "", name="serving name set"):
+                    deployed = ops.deploy_model(
+                        decision=published.outputs["decision"],
+                        publish_uri=publish_uri,
+                        serving_name=serving.name,
+                        serving_timeout=serving.timeout,
+                        serving_runtime_version=serving.runtime_version,
+                    )
+                    with_namespace(deployed.set_display_name("deploy model").set_caching_options(False))
     return Outputs(
-        accuracy=evaluation.outputs["Output"],
+        accuracy=evaluation.outputs["accuracy"],
+        serving_check=evaluation.outputs["serving_check"],
         model=evaluation.outputs["chief_model"],
         metrics=evaluation.outputs["metrics"],
         report=evaluation.outputs["report"],
@@ -75,12 +100,17 @@ def mirrored_pipeline(image: str, pods: PodSettings = DEFAULT_PODS) -> Any:
         collective_timeout: float,
         max_restarts: int,
         checkpoint_dir: str,
+        tensorboard_dir: str,
         min_accuracy: float,
         publish_uri: str,
+        serving_name: str,
+        serving_timeout: float,
+        serving_runtime_version: str,
     ) -> Outputs:
         """Multi-worker TensorFlow training of a CNN on MNIST-format data (MultiWorkerMirroredStrategy).
 
-        prepare data -> create cluster -> N training workers -> evaluate -> quality gate -> publish.
+        prepare data -> create cluster -> N training workers -> evaluate + serving check -> quality gate -> publish
+        -> deploy to KServe.
         """
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
         prepared = _prepare(ops, source, max_train_examples, max_test_examples, num_shards)
@@ -100,10 +130,13 @@ def mirrored_pipeline(image: str, pods: PodSettings = DEFAULT_PODS) -> Any:
                 collective_timeout=collective_timeout,
                 max_restarts=max_restarts,
                 checkpoint_dir=checkpoint_dir,
+                tensorboard_dir=tensorboard_dir,
                 cluster_mode=cluster_mode,
             )
             training_pod(worker.set_display_name("train worker").set_caching_options(False), pods)
-        return _evaluate_and_publish(ops, prepared, dsl.Collected(worker.outputs["model"]), min_accuracy, publish_uri)
+        serving = Serving(serving_name, serving_timeout, serving_runtime_version)
+        models = dsl.Collected(worker.outputs["model"])
+        return _evaluate_and_publish(ops, prepared, models, min_accuracy, publish_uri, serving)
 
     return dsl.pipeline(name=NAMES["multi_worker_mirrored"])(declare(pipeline))
 
@@ -128,12 +161,17 @@ def parameter_server_pipeline(image: str, pods: PodSettings = DEFAULT_PODS) -> A
         unschedulable_timeout: float,
         chief_timeout: float,
         status_uri: str,
+        tensorboard_dir: str,
         min_accuracy: float,
         publish_uri: str,
+        serving_name: str,
+        serving_timeout: float,
+        serving_runtime_version: str,
     ) -> Outputs:
         """Parameter-server TensorFlow training of a CNN on MNIST-format data (ParameterServerStrategy).
 
-        prepare data -> create cluster -> a chief + parameter servers + workers -> evaluate -> quality gate -> publish.
+        prepare data -> create cluster -> a chief + parameter servers + workers -> evaluate + serving check -> quality
+        gate -> publish -> deploy to KServe.
         """
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
         prepared = _prepare(ops, source, max_train_examples, max_test_examples, num_shards)
@@ -154,6 +192,7 @@ def parameter_server_pipeline(image: str, pods: PodSettings = DEFAULT_PODS) -> A
                 learning_rate=learning_rate,
                 startup_timeout=startup_timeout,
                 unschedulable_timeout=unschedulable_timeout,
+                tensorboard_dir=tensorboard_dir,
                 cluster_mode=cluster_mode,
             )
             training_pod(chief.set_display_name("train chief").set_caching_options(False), pods)
@@ -170,7 +209,9 @@ def parameter_server_pipeline(image: str, pods: PodSettings = DEFAULT_PODS) -> A
                 cluster_mode=cluster_mode,
             )
             training_pod(server.set_display_name("ps or worker").set_caching_options(False), pods)
-        return _evaluate_and_publish(ops, prepared, dsl.Collected(chief.outputs["model"]), min_accuracy, publish_uri)
+        serving = Serving(serving_name, serving_timeout, serving_runtime_version)
+        models = dsl.Collected(chief.outputs["model"])
+        return _evaluate_and_publish(ops, prepared, models, min_accuracy, publish_uri, serving)
 
     return dsl.pipeline(name=NAMES["parameter_server"])(declare(pipeline))
 

@@ -97,6 +97,15 @@ def _component(name, **kwargs):
     return call
 
 
+def _deploy(b, out, **changes):
+    settings = {"publish_uri": "gs://models/mnist", "serving_name": "mnist", "serving_timeout": 60.0, **changes}
+    decision = Markdown(uri=str(b / "decision"), metadata={"latest_version": 7, "latest_path": "gs://models/mnist/7"})
+    deployment = Markdown(uri=str(b / "out" / out))
+    return _component(
+        "deploy_model", decision=decision, deployment=deployment, serving_runtime_version="2.20.0", **settings
+    )
+
+
 CASES = {
     # trainer-train: the contract's settings
     "batch size zero": lambda b, s: (
@@ -190,6 +199,10 @@ CASES = {
     "metadata one class": lambda b, s: (
         *_train(b, str(b / "one-class")),
         "num_classes 1 is not allowed; allowed: an integer from 2",
+    ),
+    "unwritable TensorBoard directory": lambda b, s: (
+        *_train(b, s, "--tensorboard-dir", str(b / "a-file" / "tb")),
+        "output location " + repr(str(b / "a-file" / "tb" / "train")) + " is not writable",
     ),
     "unwritable model directory": lambda b, s: (
         train.main,
@@ -393,6 +406,7 @@ CASES = {
             collective_timeout=0.0,
             max_restarts=0,
             checkpoint_dir="",
+            tensorboard_dir="",
             cluster_mode="local",
         ),
         [],
@@ -425,6 +439,24 @@ CASES = {
         [],
         "d",
         "publish_uri is empty",
+    ),
+    "deploy step name not a KServe name": lambda b, s: (
+        _deploy(b, "dep1", serving_name="Mnist_V2"),
+        [],
+        "dep1",
+        "serving_name 'Mnist_V2' is not allowed; allowed: empty, or lowercase letters, digits and '-'",
+    ),
+    "deploy step timeout zero": lambda b, s: (
+        _deploy(b, "dep2", serving_timeout=0.0),
+        [],
+        "dep2",
+        "serving_timeout 0.0 is not allowed; allowed: a number from 1 to 86400",
+    ),
+    "deploy step publish location inside the pod": lambda b, s: (
+        _deploy(b, "dep3", publish_uri="/mnt/published"),
+        [],
+        "dep3",
+        "publish_uri '/mnt/published' is not a location KServe's storage initializer can read; allowed: a URI",
     ),
 }
 
