@@ -13,7 +13,7 @@ def evaluate(
     report: Output[HTML],
     chief_model: Output[Model],
     min_accuracy: float,
-) -> NamedTuple("Outputs", [("accuracy", float), ("serving_check", str)]):
+) -> NamedTuple("Outputs", [("Output", str), ("accuracy", float), ("serving_check", str)]):
     """Evaluates the chief's exported SavedModel (not the Python model code) and runs the serving check on it.
 
     The serving check loads the SavedModel the way TensorFlow Serving does, in a fresh process, sends held-out raw
@@ -29,6 +29,8 @@ def evaluate(
         chief_model: a copy of the chief's model (saved_model/, model.keras, history.json), for publishing.
 
     Returns:
+        Output: the publish decision: "publish" when the accuracy reaches min_accuracy and the serving check passed,
+            else "hold: " and why not.
         accuracy: the test accuracy.
         serving_check: "passed", or "failed: " and which check failed and why.
     """
@@ -51,9 +53,10 @@ def evaluate(
     classification_metrics.log_confusion_matrix(result["class_names"], result["confusion_matrix"])
     source = next(m for m in models if m.path == result["source_dir"])
     check = result["serving_check"]
-    report.metadata.update({"model_uri": source.uri, "serving_check": check["summary"]})
+    report.metadata.update({"model_uri": source.uri, "serving_check": check["summary"], "decision": result["decision"]})
     chief_model.metadata.update(
         {"accuracy": result["accuracy"], "source_uri": source.uri, "serving_check": check["summary"]}
     )
-    outputs = namedtuple("Outputs", ["accuracy", "serving_check"])
-    return outputs(result["accuracy"], "passed" if check["passed"] else f"failed: {check['reason']}")
+    outputs = namedtuple("Outputs", ["Output", "accuracy", "serving_check"])
+    verdict = "passed" if check["passed"] else f"failed: {check['reason']}"
+    return outputs(result["decision"], result["accuracy"], verdict)

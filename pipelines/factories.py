@@ -53,24 +53,23 @@ def _evaluate_and_publish(
 ) -> Outputs:
     evaluation = ops.evaluate(dataset=prepared.outputs["dataset"], models=models, min_accuracy=min_accuracy)
     evaluation.set_display_name("evaluate and check serving").set_caching_options(False)
-    with dsl.If(evaluation.outputs["accuracy"] >= min_accuracy, name="quality gate"):
-        with dsl.If(evaluation.outputs["serving_check"] == "passed", name="serving check passed"):
-            with dsl.If(publish_uri != "", name="publish location set"):
-                published = ops.publish_model(
-                    model=evaluation.outputs["chief_model"],
-                    metrics=evaluation.outputs["metrics"],
+    # evaluate decides (accuracy >= min_accuracy and the serving check passed), the pipeline routes: one condition
+    # on evaluate's Output, because kfp.local resolves no other named output in a condition.
+    with dsl.If(evaluation.outputs["Output"] == "publish", name="quality gate and serving check"):
+        with dsl.If(publish_uri != "", name="publish location set"):
+            published = ops.publish_model(
+                model=evaluation.outputs["chief_model"], metrics=evaluation.outputs["metrics"], publish_uri=publish_uri
+            )
+            published.set_display_name("publish model").set_caching_options(False)
+            with dsl.If(serving.name != "", name="serving name set"):
+                deployed = ops.deploy_model(
+                    decision=published.outputs["decision"],
                     publish_uri=publish_uri,
+                    serving_name=serving.name,
+                    serving_timeout=serving.timeout,
+                    serving_runtime_version=serving.runtime_version,
                 )
-                published.set_display_name("publish model").set_caching_options(False)
-                with dsl.If(serving.name != "", name="serving name set"):
-                    deployed = ops.deploy_model(
-                        decision=published.outputs["decision"],
-                        publish_uri=publish_uri,
-                        serving_name=serving.name,
-                        serving_timeout=serving.timeout,
-                        serving_runtime_version=serving.runtime_version,
-                    )
-                    with_namespace(deployed.set_display_name("deploy model").set_caching_options(False))
+                with_namespace(deployed.set_display_name("deploy model").set_caching_options(False))
     return Outputs(
         accuracy=evaluation.outputs["accuracy"],
         serving_check=evaluation.outputs["serving_check"],

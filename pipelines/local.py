@@ -55,26 +55,24 @@ def run_local(output_dir: str, **arguments: Any) -> dict[str, Any]:
     result = {
         "seconds": round(time.monotonic() - started, 1),
         "accuracy": outputs["accuracy"],
-        "serving check": outputs["report"].metadata.get("serving_check", outputs["serving_check"]),
+        "serving check": outputs["report"].metadata["serving_check"],
         "model": model,
         "report": outputs["report"].path,
         "run": os.path.dirname(os.path.dirname(model)),
         "tensorboard": history.get("tensorboard") or "none (no --tensorboard-dir)",
     }
-    result["publish"] = publish_summary(
-        history["run_id"], outputs["metrics"].metadata, outputs["serving_check"], arguments.get("publish_uri", "")
-    )
+    publish_uri = arguments.get("publish_uri", "")
+    decision = outputs["report"].metadata["decision"]
+    result["publish"] = publish_summary(history["run_id"], decision, outputs["metrics"].metadata, publish_uri)
     return result
 
 
-def publish_summary(run_id: str, metrics: dict[str, Any], serving_check: str, publish_uri: str) -> str:
-    """What the run did at the publish location, read from the location itself (latest.json)."""
+def publish_summary(run_id: str, decision: str, metrics: dict[str, Any], publish_uri: str) -> str:
+    """What the run did at the publish location: evaluate's decision, then the location itself (latest.json)."""
     if not publish_uri:
         return "not published: no publish location"
-    if not metrics.get("passed_gate"):
-        return f"not published: accuracy {metrics['accuracy']:.4f} is below the gate {metrics['min_accuracy']:.4f}"
-    if serving_check != "passed":
-        return f"not published: the serving check {serving_check}"
+    if decision != "publish":
+        return "not published: " + decision.removeprefix("hold: ")
     latest_path = os.path.join(publish_uri, "latest.json")
     with open(latest_path) as f:
         latest = json.load(f)

@@ -91,11 +91,14 @@ def test_train_evaluate_and_publish_bodies(small_data, tmp_path):
         "classification_metrics": ClassificationMetrics(uri=str(tmp_path / "cm")),
         "chief_model": Model(uri=str(tmp_path / "chief")),
     }
-    accuracy, serving_check = _run("evaluate", dataset=small_data, models=[model], min_accuracy=0.5, **outputs)
+    decision, accuracy, serving_check = _run(
+        "evaluate", dataset=small_data, models=[model], min_accuracy=0.5, **outputs
+    )
     assert (
         outputs["metrics"].metadata["accuracy"] == accuracy >= 0.5 and outputs["metrics"].metadata["passed_gate"] == 1
     )
     assert serving_check == "passed" and outputs["metrics"].metadata["serving_check_passed"] == 1
+    assert decision == "publish" == outputs["report"].metadata["decision"]
     assert outputs["chief_model"].metadata["serving_check"].startswith("passed: 256 held-out uint8 images")
     report = (tmp_path / "report").read_text()
     assert "Serving check: <b>passed</b>" in report and f'<a href="file://{tmp_path}/tb/run-7">' in report

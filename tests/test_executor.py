@@ -150,7 +150,8 @@ def test_a_worker_takes_its_index_as_the_driver_delivers_it_and_evaluate_takes_t
     accuracy = out["parameterValues"]["accuracy"]
     metrics = out["artifacts"]["metrics"]["artifacts"][0]["metadata"]
     assert 0.5 <= accuracy <= 1 and metrics["passed_gate"] == 1 and metrics["serving_check_passed"] == 1
-    assert out["parameterValues"]["serving_check"] == "passed", "the string the serving-check condition compares"
+    assert out["parameterValues"]["serving_check"] == "passed"
+    assert out["parameterValues"]["Output"] == "publish", "the string the gate's condition compares"
     assert out["artifacts"]["chief_model"]["artifacts"][0]["metadata"]["source_uri"] == str(tmp_path / "model-0")
     assert (tmp_path / "report").read_text().startswith("<!doctype html>")
 

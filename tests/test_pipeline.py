@@ -128,11 +128,7 @@ def _guards(spec, task_name):
 
 def test_quality_gate_and_serving_check_guard_publishing_and_deploying(spec):
     value = "inputs.parameter_values['pipelinechannel--{}']".format
-    gates = [
-        f"{value('evaluate-accuracy')} >= {value('min_accuracy')}",
-        f"{value('evaluate-serving_check')} == 'passed'",
-        f"{value('publish_uri')} != ''",
-    ]
+    gates = [f"{value('evaluate-Output')} == 'publish'", f"{value('publish_uri')} != ''"]
     assert _guards(spec, "publish-model") == gates
     assert _guards(spec, "deploy-model") == [*gates, f"{value('serving_name')} != ''"]
     tasks = _tasks(spec)
@@ -304,14 +300,29 @@ def _summary(stdout):
 
 @pytest.mark.slow
 def test_local_pipeline_end_to_end(tmp_path):
+    from tests.test_tensorboard import TRAIN_TAGS, read_scalars
+
     published = tmp_path / "published"
     result = _script(
-        "--local", "--num-workers", "2", "--output-dir", str(tmp_path / "run"), "--publish-uri", str(published)
+        "--local",
+        "--num-workers",
+        "2",
+        "--output-dir",
+        str(tmp_path / "run"),
+        "--publish-uri",
+        str(published),
+        "--tensorboard-dir",
+        str(tmp_path / "tb"),
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = _summary(result.stdout)
     accuracy = float(summary["test accuracy"])
     assert accuracy >= 0.96
+    assert summary["serving check"].startswith("passed: 256 held-out uint8 images as TF Serving REST instances")
+    assert "Serving check: <b>passed</b>" in Path(summary["report"]).read_text()
+    scalars = read_scalars(Path(summary["tensorboard"]) / "train")
+    assert set(scalars) == TRAIN_TAGS and all([s for s, _ in v] == list(range(1, 13)) for v in scalars.values())
+    assert [p.parent.name for p in (tmp_path / "tb").rglob("events.out.tfevents.*")] == ["train"], "the chief only"
     model, report = Path(summary["model"]), Path(summary["report"])
     assert (model / "saved_model" / "saved_model.pb").is_file()
     history = json.loads((model / "history.json").read_text())

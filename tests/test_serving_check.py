@@ -9,7 +9,8 @@ import pytest
 from kfp.dsl import HTML, ClassificationMetrics, Dataset, Metrics, Model
 
 import components
-from trainer import evaluate, serving_check
+from pipelines.local import publish_summary
+from trainer import evaluate, serving_check, steps
 from trainer.export import save_model
 from trainer.model import build_model, serving_function
 from trainer.records import read_arrays
@@ -138,7 +139,7 @@ def test_the_evaluate_step_reports_a_failed_check_and_says_why(sample_data, tmp_
         "chief_model": Model(uri=str(tmp_path / "chief")),
     }
     ops = components.build("registry.example.com/team/kfp-tf-multiworker:9.9.9")
-    accuracy, verdict = ops.evaluate.python_func(
+    decision, accuracy, verdict = ops.evaluate.python_func(
         dataset=Dataset(uri=sample_data), models=[Model(uri=str(tmp_path / "worker-0"))], min_accuracy=0.0, **outputs
     )
     assert verdict.startswith(f"failed: probabilities sum to 1: {serving_check.EXAMPLES} of {serving_check.EXAMPLES}")
@@ -146,3 +147,17 @@ def test_the_evaluate_step_reports_a_failed_check_and_says_why(sample_data, tmp_
     report = (tmp_path / "report").read_text()
     assert f"Serving check: <b>FAILED, not published ({verdict[len('failed: ') :]})</b>" in report
     assert outputs["chief_model"].metadata["serving_check"] == verdict and 0 <= accuracy <= 1
+    assert decision == f"hold: the serving check {verdict}", "the gate's condition sees it"
+    assert publish_summary("run-7", decision, outputs["metrics"].metadata, "/published") == (
+        f"not published: the serving check {verdict}"
+    )
+
+
+def test_the_decision_names_every_reason_to_hold():
+    failed = {"passed": False, "reason": "signature: no serving_default signature; the model has []"}
+    result = {"accuracy": 0.9, "min_accuracy": 0.95, "passed_gate": 0, "serving_check": failed}
+    assert steps.publish_decision(result) == (
+        "hold: accuracy 0.9000 is below the gate 0.9500; the serving check failed: signature: no serving_default "
+        "signature; the model has []"
+    )
+    assert steps.publish_decision({**result, "passed_gate": 1, "serving_check": {"passed": True}}) == "publish"

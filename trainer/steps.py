@@ -155,7 +155,8 @@ def evaluate(dataset: str, model_dirs: list[str], report: str, chief_copy: str, 
 
     Returns:
         The metrics (accuracy, loss, per-class results, confusion matrix, the gate's threshold, `passed_gate`),
-        `serving_check` (its result) with `serving_check_passed`, and `source_dir`.
+        `serving_check` (its result) with `serving_check_passed`, `decision` (`publish_decision`) and
+        `source_dir`.
     """
     import shutil
 
@@ -178,12 +179,27 @@ def evaluate(dataset: str, model_dirs: list[str], report: str, chief_copy: str, 
     check = serving_check.run(os.path.join(chiefs[0], SAVED_MODEL_DIR), images[:count], probabilities[:count])
     result["serving_check"] = check
     result["serving_check_passed"] = int(check["passed"])
+    result["decision"] = publish_decision(result)
     with open(os.path.join(chiefs[0], HISTORY_FILE)) as f:
         history = json.load(f)
     write_html(report, result, history)
     shutil.copytree(chiefs[0], chief_copy)
     result["source_dir"] = chiefs[0]
     return result
+
+
+def publish_decision(result: dict[str, Any]) -> str:
+    """`publish` when the model passed the quality gate and the serving check, else `hold: ` and why not.
+
+    The pipeline publishes inside `dsl.If(decision == "publish")`: one condition on one output, the only kind
+    kfp.local resolves (its condition evaluator finds a task's `Output`, not its other named outputs).
+    """
+    reasons = []
+    if not result["passed_gate"]:
+        reasons.append(f"accuracy {result['accuracy']:.4f} is below the gate {result['min_accuracy']:.4f}")
+    if not result["serving_check"]["passed"]:
+        reasons.append(f"the serving check failed: {result['serving_check']['reason']}")
+    return "hold: " + "; ".join(reasons) if reasons else "publish"
 
 
 def publish_model(model_dir: str, metrics: dict[str, Any], publish_uri: str, model_uri: str = "") -> dict[str, Any]:
