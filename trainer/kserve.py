@@ -107,9 +107,9 @@ def apply(api: Any, namespace: str, body: dict[str, Any]) -> tuple[dict[str, Any
 def _explain(err: Any, verb: str, namespace: str) -> KubernetesError:
     from trainer.k8s import explain
 
-    if err.status == 404 and verb in ("create", "get"):
+    if err.status == 404 and verb == "create":
         return KubernetesError(
-            f"{verb} {RESOURCE} in namespace {namespace!r} failed: HTTP 404: KServe is not installed on this "
+            f"create {RESOURCE} in namespace {namespace!r} failed: HTTP 404: KServe is not installed on this "
             "cluster (no InferenceService resource), or the namespace does not exist"
         )
     return explain(err, verb, RESOURCE, namespace)
