@@ -18,9 +18,11 @@ $(FASHION_DIR):
 	@if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist; \
 	else echo "error: $(FASHION_DIR) is missing; install Debian's dataset-fashion-mnist (sudo apt-get install dataset-fashion-mnist)"; exit 1; fi
 
-## Run the whole pipeline locally (kfp.local) on the shipped sample: prepare -> 2 workers -> evaluate.
+## Run the whole pipeline locally (kfp.local) on the shipped sample: prepare -> 2 workers -> evaluate + serving
+## check -> gate -> publish; TensorBoard event files under $(OUT)/tensorboard.
 run: $(STAMP)
-	$(PY) pipelines/mnist.py --local --num-workers 2 --output-dir $(OUT)/pipeline --publish-uri $(OUT)/published
+	$(PY) pipelines/mnist.py --local --num-workers 2 --output-dir $(OUT)/pipeline --publish-uri $(OUT)/published \
+		--tensorboard-dir $(OUT)/tensorboard
 
 ## The trainer alone, without kfp: prepare the sample, 2 workers through the launcher, evaluate.
 run-trainer: $(STAMP)

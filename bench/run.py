@@ -57,7 +57,7 @@ def main() -> None:
     work.mkdir(parents=True)
     import tensorflow as tf
 
-    from trainer import config
+    from trainer import settings
     from trainer.records import load_metadata
 
     if args.quick:
@@ -105,7 +105,7 @@ def main() -> None:
     examples = min(results["train_examples"], 19_200)
     results["examples_per_epoch"] = examples
     results["repeats"] = samples
-    results["steps_per_execution"] = spe = config.default("steps_per_execution")
+    results["steps_per_execution"] = spe = settings.default("steps_per_execution")
     throughput = interleaved(
         {
             f"baseline, steps_per_execution {spe}": lambda i: baseline_run(data, epochs, examples, spe),

@@ -11,6 +11,7 @@ from kfp import dsl
 
 from components.contract import declare
 from components.create_cluster import create_cluster, create_ps_cluster
+from components.deploy_model import deploy_model
 from components.evaluate import evaluate
 from components.prepare_data import prepare_data
 from components.publish_model import publish_model
@@ -26,6 +27,7 @@ FUNCTIONS = (
     train_server,
     evaluate,
     publish_model,
+    deploy_model,
 )
 
 

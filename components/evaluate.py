@@ -1,4 +1,6 @@
-"""The `evaluate` step: the chief's SavedModel on the held-out split -> metrics the Kubeflow UI draws + a report."""
+"""The `evaluate` step: the chief's SavedModel on the held-out split, then served in a fresh process and queried."""
+
+from typing import NamedTuple
 
 from kfp.dsl import HTML, ClassificationMetrics, Dataset, Input, Metrics, Model, Output
 
@@ -11,20 +13,29 @@ def evaluate(
     report: Output[HTML],
     chief_model: Output[Model],
     min_accuracy: float,
-) -> float:
-    """Evaluates the chief's exported SavedModel (not the Python model code) on the test split.
+) -> NamedTuple("Outputs", [("Output", str), ("accuracy", float), ("serving_check", str)]):
+    """Evaluates the chief's exported SavedModel (not the Python model code) and runs the serving check on it.
+
+    The serving check loads the SavedModel the way TensorFlow Serving does, in a fresh process, sends held-out raw
+    images as a TF Serving REST request and checks the answer against the evaluation; publishing needs it passed.
 
     Args:
         dataset: the prepared dataset from prepare_data.
         models: the Model artifacts of all workers; exactly one (the chief's) holds a SavedModel.
-        metrics: test accuracy, loss, example count, and whether the model passed the quality gate.
+        metrics: test accuracy, loss, example count, whether the model passed the quality gate and the serving check.
         classification_metrics: the confusion matrix, drawn by the Kubeflow UI.
-        report: an HTML page with the training curves, per-class precision/recall/F1 and the confusion matrix.
+        report: an HTML page with the gate and serving check results, the training curves, a link to the TensorBoard
+            event files, per-class precision/recall/F1 and the confusion matrix.
         chief_model: a copy of the chief's model (saved_model/, model.keras, history.json), for publishing.
 
     Returns:
-        The test accuracy.
+        Output: the publish decision: "publish" when the accuracy reaches min_accuracy and the serving check passed,
+            else "hold: " and why not.
+        accuracy: the test accuracy.
+        serving_check: "passed", or "failed: " and which check failed and why.
     """
+    from collections import namedtuple
+
     from trainer import steps
     from trainer.cli import run_step
 
@@ -36,11 +47,16 @@ def evaluate(
         chief_copy=chief_model.path,
         min_accuracy=min_accuracy,
     )
-    for name in ("accuracy", "loss", "min_accuracy", "passed_gate"):
+    for name in ("accuracy", "loss", "min_accuracy", "passed_gate", "serving_check_passed"):
         metrics.log_metric(name, result[name])
     metrics.log_metric("test_examples", result["num_examples"])
     classification_metrics.log_confusion_matrix(result["class_names"], result["confusion_matrix"])
     source = next(m for m in models if m.path == result["source_dir"])
-    report.metadata["model_uri"] = source.uri
-    chief_model.metadata.update({"accuracy": result["accuracy"], "source_uri": source.uri})
-    return result["accuracy"]
+    check = result["serving_check"]
+    report.metadata.update({"model_uri": source.uri, "serving_check": check["summary"], "decision": result["decision"]})
+    chief_model.metadata.update(
+        {"accuracy": result["accuracy"], "source_uri": source.uri, "serving_check": check["summary"]}
+    )
+    outputs = namedtuple("Outputs", ["Output", "accuracy", "serving_check"])
+    verdict = "passed" if check["passed"] else f"failed: {check['reason']}"
+    return outputs(result["decision"], result["accuracy"], verdict)

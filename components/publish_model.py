@@ -13,7 +13,8 @@ def publish_model(
     Args:
         model: the chief's model as the evaluate step passed it on.
         metrics: the evaluate step's metrics (accuracy, loss).
-        decision: what was decided and why (published version, or the better model already there).
+        decision: what was decided and why (published version, or the better model already there), and the version
+            latest.json names now (latest_version, latest_path): the one a deployment serves.
     """
     import os
 
@@ -31,4 +32,12 @@ def publish_model(
     os.makedirs(os.path.dirname(decision.path), exist_ok=True)
     with open(decision.path, "w") as f:
         f.write(f"# Publish\n\n{result['reason']}.\n\nPublish location: `{publish_uri}`\n")
-    decision.metadata.update({"published": result["published"], "version": result["version"] or 0})
+    latest = result if result["published"] else (result.get("previous") or {})
+    decision.metadata.update(
+        {
+            "published": result["published"],
+            "version": result["version"] or 0,
+            "latest_version": latest.get("version") or 0,
+            "latest_path": latest.get("path", ""),
+        }
+    )

@@ -14,6 +14,7 @@ def train_chief(
     learning_rate: float,
     startup_timeout: float,
     unschedulable_timeout: float,
+    tensorboard_dir: str,
     cluster_mode: str,
 ):
     """Coordinates ParameterServerStrategy training and writes the model; publishes the job's status for the servers.
@@ -42,6 +43,7 @@ def train_chief(
             learning_rate=learning_rate,
             startup_timeout=startup_timeout,
             unschedulable_timeout=unschedulable_timeout,
+            tensorboard_dir=tensorboard_dir,
             cluster_mode=cluster_mode,
         )
     )

@@ -18,6 +18,7 @@ def train_worker(
     max_restarts: int,
     checkpoint_dir: str,
     checkpoint_claim: str,
+    tensorboard_dir: str,
     cluster_mode: str,
 ):
     """Trains as one worker of the run's cluster; worker 0 (the chief) writes the model.
@@ -31,7 +32,8 @@ def train_worker(
         cluster: the run's cluster.json from create_cluster; TF_CONFIG is built from it and worker_index.
         worker_index: this worker's index in the cluster (0 is the chief).
         model: on the chief, saved_model/ (serving signature on raw uint8 images), model.keras and history.json;
-            on the other workers, only worker.json saying which worker this was.
+            on the other workers, only worker.json saying which worker this was. The chief also writes TensorBoard
+            event files under tensorboard_dir when it is set.
     """
     from trainer import steps
     from trainer.cli import run_step
@@ -54,6 +56,7 @@ def train_worker(
             max_restarts=max_restarts,
             checkpoint_dir=checkpoint_dir,
             checkpoint_claim=checkpoint_claim,
+            tensorboard_dir=tensorboard_dir,
             cluster_mode=cluster_mode,
         )
     )

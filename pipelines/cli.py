@@ -19,7 +19,7 @@ from pipelines.factories import DEFAULT_PODS, DEFAULT_STORAGE, FACTORIES, NAMES,
 from pipelines.local import LOCAL_MAX_WORKERS, LOCAL_OVERRIDES, run_local
 from pipelines.pods import PodSettings
 from pipelines.storage import MINIO_KEYS, MINIO_SECRET, StorageSettings
-from trainer import __version__, config
+from trainer import __version__, settings
 from trainer.atomic import write_text
 from trainer.cli import run_cli
 from trainer.errors import UsageError
@@ -148,19 +148,25 @@ def build_parser(action: str | None) -> argparse.ArgumentParser:
     if action == "local":
         local = parser.add_argument_group("the local run")
         local.add_argument(
-            "--num-workers", type=int, default=config.default("num_workers"), help=f"workers (1 to {LOCAL_MAX_WORKERS})"
+            "--num-workers",
+            type=int,
+            default=settings.default("num_workers"),
+            help=f"workers (1 to {LOCAL_MAX_WORKERS})",
         )
-        local.add_argument("--epochs", type=int, default=config.default("epochs"), help="training epochs")
+        local.add_argument("--epochs", type=int, default=settings.default("epochs"), help="training epochs")
         local.add_argument(
             "--source", default=LOCAL_OVERRIDES["source"], help="data source (default: the shipped sample)"
         )
         local.add_argument(
             "--min-accuracy",
             type=float,
-            default=config.default("min_accuracy"),
+            default=settings.default("min_accuracy"),
             help="the quality gate before publishing",
         )
         local.add_argument("--publish-uri", default="", help="where a model that passes the gate is published")
+        local.add_argument(
+            "--tensorboard-dir", default="", help="where the chief writes TensorBoard event files (empty: none)"
+        )
         local.add_argument("--output-dir", default="out/pipeline", help="the local pipeline root")
         local.add_argument(
             "--strategy", default="multi_worker_mirrored", help="only multi_worker_mirrored runs locally"
@@ -183,13 +189,13 @@ def pod_settings(args: argparse.Namespace) -> PodSettings:
 
 def storage_settings(args: argparse.Namespace) -> StorageSettings:
     """The storage flags, checked; a checkpoint volume only for the strategy that checkpoints."""
-    settings = StorageSettings(**{name: getattr(args, name) for name in StorageSettings.__dataclass_fields__})
-    if settings.checkpoint_volume and args.strategy != "multi_worker_mirrored":
+    storage = StorageSettings(**{name: getattr(args, name) for name in StorageSettings.__dataclass_fields__})
+    if storage.checkpoint_volume and args.strategy != "multi_worker_mirrored":
         raise UsageError(
             "--checkpoint-volume is not allowed with --strategy parameter_server: its chief keeps no "
             "checkpoints (a lost worker is rescheduled instead); allowed with multi_worker_mirrored"
         )
-    return settings
+    return storage
 
 
 def compile_pipeline(
@@ -243,9 +249,11 @@ def _local(args: argparse.Namespace) -> None:
         source=args.source,
         min_accuracy=args.min_accuracy,
         publish_uri=args.publish_uri,
+        tensorboard_dir=args.tensorboard_dir,
     )
     lines = [f"pipeline finished in {result['seconds']}s", f"test accuracy: {result['accuracy']:.4f}"]
-    lines += [f"{name}: {result[name]}" for name in ("run", "model", "report", "publish")]
+    names = ("serving check", "publish", "run", "model", "report", "tensorboard")
+    lines += [f"{name}: {result[name]}" for name in names]
     # sys.stdout.write, not print: kfp.local leaves builtins.print patched to indent every line
     sys.stdout.write("\n" + "\n".join(lines) + "\n")
     sys.stdout.flush()

@@ -1,6 +1,7 @@
 """The pipelines, one pure factory per strategy: an image and pod settings in, a KFP pipeline out.
 
-    prepare data -> create cluster -> training tasks (ParallelFor) -> evaluate -> quality gate -> publish
+    prepare data -> create cluster -> training tasks (ParallelFor) -> evaluate + serving check -> quality gate
+        -> publish -> deploy (a KServe InferenceService, when serving_name is set)
 
 Every parameter is a setting of the contract (`trainer.config`): its default and description come from there.
 There is no exit handler: each training task creates its own Kubernetes Service when it joins and deletes it when
@@ -25,12 +26,21 @@ NAMES = {"multi_worker_mirrored": "mnist-multiworker", "parameter_server": "mnis
 
 
 class Outputs(NamedTuple):
-    """What a run returns: the test accuracy, the chief's model, the metrics and the HTML report."""
+    """What a run returns: the test accuracy, the serving check's verdict, the chief's model, metrics and report."""
 
     accuracy: float
+    serving_check: str
     model: Model
     metrics: Metrics
     report: HTML
+
+
+class Serving(NamedTuple):
+    """The pipeline parameters of the deploy step."""
+
+    name: Any
+    timeout: Any
+    runtime_version: Any
 
 
 def _prepare(ops: Any, source: Any, max_train_examples: Any, max_test_examples: Any, num_shards: Any) -> Any:
@@ -48,10 +58,13 @@ def _evaluate_and_publish(
     publish_uri: Any,
     s3_endpoint: Any,
     storage: StorageSettings,
+    serving: Serving,
 ) -> Outputs:
     evaluation = ops.evaluate(dataset=prepared.outputs["dataset"], models=models, min_accuracy=min_accuracy)
-    evaluation.set_display_name("evaluate").set_caching_options(False)
-    with dsl.If(evaluation.outputs["Output"] >= min_accuracy, name="quality gate"):
+    evaluation.set_display_name("evaluate and check serving").set_caching_options(False)
+    # evaluate decides (accuracy >= min_accuracy and the serving check passed), the pipeline routes: one condition
+    # on evaluate's Output, because kfp.local resolves no other named output in a condition.
+    with dsl.If(evaluation.outputs["Output"] == "publish", name="quality gate and serving check"):
         with dsl.If(publish_uri != "", name="publish location set"):
             published = ops.publish_model(
                 model=evaluation.outputs["chief_model"],
@@ -60,8 +73,18 @@ def _evaluate_and_publish(
                 s3_endpoint=s3_endpoint,
             )
             with_storage_secret(published.set_display_name("publish model").set_caching_options(False), storage)
+            with dsl.If(serving.name != "", name="serving name set"):
+                deployed = ops.deploy_model(
+                    decision=published.outputs["decision"],
+                    publish_uri=publish_uri,
+                    serving_name=serving.name,
+                    serving_timeout=serving.timeout,
+                    serving_runtime_version=serving.runtime_version,
+                )
+                with_namespace(deployed.set_display_name("deploy model").set_caching_options(False))
     return Outputs(
-        accuracy=evaluation.outputs["Output"],
+        accuracy=evaluation.outputs["accuracy"],
+        serving_check=evaluation.outputs["serving_check"],
         model=evaluation.outputs["chief_model"],
         metrics=evaluation.outputs["metrics"],
         report=evaluation.outputs["report"],
@@ -89,13 +112,18 @@ def mirrored_pipeline(image: str, pods: PodSettings = DEFAULT_PODS, storage: Sto
         max_restarts: int,
         checkpoint_dir: str,
         checkpoint_claim: str,
+        tensorboard_dir: str,
         min_accuracy: float,
         publish_uri: str,
         s3_endpoint: str,
+        serving_name: str,
+        serving_timeout: float,
+        serving_runtime_version: str,
     ) -> Outputs:
         """Multi-worker TensorFlow training of a CNN on MNIST-format data (MultiWorkerMirroredStrategy).
 
-        prepare data -> create cluster -> N training workers -> evaluate -> quality gate -> publish.
+        prepare data -> create cluster -> N training workers -> evaluate + serving check -> quality gate -> publish
+        -> deploy to KServe.
         """
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
         prepared = _prepare(ops, source, max_train_examples, max_test_examples, num_shards)
@@ -116,12 +144,14 @@ def mirrored_pipeline(image: str, pods: PodSettings = DEFAULT_PODS, storage: Sto
                 max_restarts=max_restarts,
                 checkpoint_dir=checkpoint_dir,
                 checkpoint_claim=checkpoint_claim,
+                tensorboard_dir=tensorboard_dir,
                 cluster_mode=cluster_mode,
             )
             training_pod(worker.set_display_name("train worker").set_caching_options(False), pods)
             with_checkpoint_volume(worker, checkpoint_claim, storage)
+        serving = Serving(serving_name, serving_timeout, serving_runtime_version)
         models = dsl.Collected(worker.outputs["model"])
-        return _evaluate_and_publish(ops, prepared, models, min_accuracy, publish_uri, s3_endpoint, storage)
+        return _evaluate_and_publish(ops, prepared, models, min_accuracy, publish_uri, s3_endpoint, storage, serving)
 
     return dsl.pipeline(name=NAMES["multi_worker_mirrored"])(declare(pipeline, storage.overrides()))
 
@@ -148,13 +178,18 @@ def parameter_server_pipeline(
         unschedulable_timeout: float,
         chief_timeout: float,
         status_uri: str,
+        tensorboard_dir: str,
         min_accuracy: float,
         publish_uri: str,
         s3_endpoint: str,
+        serving_name: str,
+        serving_timeout: float,
+        serving_runtime_version: str,
     ) -> Outputs:
         """Parameter-server TensorFlow training of a CNN on MNIST-format data (ParameterServerStrategy).
 
-        prepare data -> create cluster -> a chief + parameter servers + workers -> evaluate -> quality gate -> publish.
+        prepare data -> create cluster -> a chief + parameter servers + workers -> evaluate + serving check -> quality
+        gate -> publish -> deploy to KServe.
         """
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
         prepared = _prepare(ops, source, max_train_examples, max_test_examples, num_shards)
@@ -175,6 +210,7 @@ def parameter_server_pipeline(
                 learning_rate=learning_rate,
                 startup_timeout=startup_timeout,
                 unschedulable_timeout=unschedulable_timeout,
+                tensorboard_dir=tensorboard_dir,
                 cluster_mode=cluster_mode,
             )
             training_pod(chief.set_display_name("train chief").set_caching_options(False), pods)
@@ -191,8 +227,9 @@ def parameter_server_pipeline(
                 cluster_mode=cluster_mode,
             )
             training_pod(server.set_display_name("ps or worker").set_caching_options(False), pods)
+        serving = Serving(serving_name, serving_timeout, serving_runtime_version)
         models = dsl.Collected(chief.outputs["model"])
-        return _evaluate_and_publish(ops, prepared, models, min_accuracy, publish_uri, s3_endpoint, storage)
+        return _evaluate_and_publish(ops, prepared, models, min_accuracy, publish_uri, s3_endpoint, storage, serving)
 
     return dsl.pipeline(name=NAMES["parameter_server"])(declare(pipeline, storage.overrides()))
 

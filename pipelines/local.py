@@ -6,12 +6,12 @@ import time
 from typing import Any
 
 from pipelines.factories import mirrored_pipeline
-from trainer import config
+from trainer import settings
 from trainer.errors import UsageError
 
 LOCAL_MAX_WORKERS = 2
 LOCAL_IMAGE = "kfp-tf-multiworker:local"
-LOCAL_OVERRIDES = {"cluster_mode": "local", "startup_timeout": config.default("startup_timeout"), "source": "sample"}
+LOCAL_OVERRIDES = {"cluster_mode": "local", "startup_timeout": settings.default("startup_timeout"), "source": "sample"}
 
 
 def check_workers(num_workers: int) -> None:
@@ -32,42 +32,47 @@ def run_local(output_dir: str, **arguments: Any) -> dict[str, Any]:
         **arguments: pipeline parameters; `cluster_mode` is local and `source` the shipped sample unless given.
 
     Returns:
-        accuracy, the paths of the model and the report, the run's directory, the seconds it took, and what happened
-        at the publish location.
+        accuracy, the serving check's result, the paths of the model and the report, the run's directory, the
+        seconds it took, what happened at the publish location, and where the TensorBoard event files are.
     """
     from kfp import local
 
     arguments = {**LOCAL_OVERRIDES, **arguments}
     for name, value in arguments.items():
-        config.check(name, value)
-    check_workers(arguments.get("num_workers", config.default("num_workers")))
-    if arguments.get("publish_uri"):
-        arguments["publish_uri"] = os.path.abspath(arguments["publish_uri"])
+        settings.check(name, value)
+    check_workers(arguments.get("num_workers", settings.default("num_workers")))
+    for location in ("publish_uri", "tensorboard_dir"):
+        if arguments.get(location) and "://" not in arguments[location]:
+            arguments[location] = os.path.abspath(arguments[location])
     root = os.path.abspath(output_dir)
     os.makedirs(root, exist_ok=True)
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=root, raise_on_error=True)
     started = time.monotonic()
     outputs = mirrored_pipeline(LOCAL_IMAGE)(**arguments).outputs
     model = outputs["model"].path
+    with open(os.path.join(model, "history.json")) as f:
+        history = json.load(f)
     result = {
         "seconds": round(time.monotonic() - started, 1),
         "accuracy": outputs["accuracy"],
+        "serving check": outputs["report"].metadata["serving_check"],
         "model": model,
         "report": outputs["report"].path,
         "run": os.path.dirname(os.path.dirname(model)),
+        "tensorboard": history.get("tensorboard") or "none (no --tensorboard-dir)",
     }
-    result["publish"] = publish_summary(model, outputs["metrics"].metadata, arguments.get("publish_uri", ""))
+    publish_uri = arguments.get("publish_uri", "")
+    decision = outputs["report"].metadata["decision"]
+    result["publish"] = publish_summary(history["run_id"], decision, outputs["metrics"].metadata, publish_uri)
     return result
 
 
-def publish_summary(model_dir: str, metrics: dict[str, Any], publish_uri: str) -> str:
-    """What the run did at the publish location, read from the location itself (latest.json)."""
+def publish_summary(run_id: str, decision: str, metrics: dict[str, Any], publish_uri: str) -> str:
+    """What the run did at the publish location: evaluate's decision, then the location itself (latest.json)."""
     if not publish_uri:
         return "not published: no publish location"
-    if not metrics.get("passed_gate"):
-        return f"not published: accuracy {metrics['accuracy']:.4f} is below the gate {metrics['min_accuracy']:.4f}"
-    with open(os.path.join(model_dir, "history.json")) as f:
-        run_id = json.load(f)["run_id"]
+    if decision != "publish":
+        return "not published: " + decision.removeprefix("hold: ")
     latest_path = os.path.join(publish_uri, "latest.json")
     with open(latest_path) as f:
         latest = json.load(f)

@@ -21,7 +21,7 @@ from pipelines.deploy import (
     typed_params,
     upload,
 )
-from trainer import __version__, config
+from trainer import __version__, settings
 from trainer.errors import UsageError
 
 
@@ -110,7 +110,7 @@ def to_server(args: Any, action: str, package: str, token_file: str) -> int:
     except DeployError as err:
         raise UsageError(str(err)) from None
     for key, value in params.items():
-        config.check(key, value)
+        settings.check(key, value)
     if getattr(args, "max_concurrency", 1) < 1:
         raise UsageError(f"--max-concurrency {args.max_concurrency} is not allowed; allowed: 1 or more")
     start, end = _rfc3339("--start", getattr(args, "start", None)), _rfc3339("--end", getattr(args, "end", None))

@@ -11,7 +11,7 @@ from typing import Any
 
 from kfp import kubernetes
 
-from trainer import config
+from trainer import settings
 from trainer.checkpoints import MOUNT
 from trainer.errors import UsageError
 
@@ -47,7 +47,7 @@ class StorageSettings:
             )
         self.key_to_env()
         if self.checkpoint_volume:
-            config.check("checkpoint_claim", self.checkpoint_volume)
+            settings.check("checkpoint_claim", self.checkpoint_volume)
 
     def overrides(self) -> dict[str, Any]:
         """The pipeline parameter defaults these settings change."""

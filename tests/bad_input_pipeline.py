@@ -28,6 +28,15 @@ def _component(name, **kwargs):
     return call
 
 
+def _deploy(b, out, **changes):
+    settings = {"publish_uri": "gs://models/mnist", "serving_name": "mnist", "serving_timeout": 60.0, **changes}
+    decision = Markdown(uri=str(b / "decision"), metadata={"latest_version": 7, "latest_path": "gs://models/mnist/7"})
+    deployment = Markdown(uri=str(b / "out" / out))
+    return _component(
+        "deploy_model", decision=decision, deployment=deployment, serving_runtime_version="2.20.0", **settings
+    )
+
+
 PIPELINE_CASES = {
     # the pipeline CLI
     "compile without an image": lambda b, s: (
@@ -224,5 +233,23 @@ PIPELINE_CASES = {
         [],
         "d3",
         "s3_endpoint 'minio-service.kubeflow:9000' is not allowed; allowed: empty or http(s)://HOST[:PORT]",
+    ),
+    "deploy step name not a KServe name": lambda b, s: (
+        _deploy(b, "dep1", serving_name="Mnist_V2"),
+        [],
+        "dep1",
+        "serving_name 'Mnist_V2' is not allowed; allowed: empty, or lowercase letters, digits and '-'",
+    ),
+    "deploy step timeout zero": lambda b, s: (
+        _deploy(b, "dep2", serving_timeout=0.0),
+        [],
+        "dep2",
+        "serving_timeout 0.0 is not allowed; allowed: a number from 1 to 86400",
+    ),
+    "deploy step publish location inside the pod": lambda b, s: (
+        _deploy(b, "dep3", publish_uri="/mnt/published"),
+        [],
+        "dep3",
+        "publish_uri '/mnt/published' is not a location KServe's storage initializer can read; allowed: a URI",
     ),
 }

@@ -184,6 +184,10 @@ CASES = {
         None,
         "is not writable",
     ),
+    "unwritable TensorBoard directory": lambda b, s: (
+        *_train(b, s, "--tensorboard-dir", str(b / "a-file" / "tb")),
+        "output location " + repr(str(b / "a-file" / "tb" / "train")) + " is not writable",
+    ),
     # trainer-prepare
     "unknown TFDS name": lambda b, s: (
         *_prepare(b, "tfds:no_such_set_xyz"),

@@ -73,6 +73,7 @@ def test_train_evaluate_and_publish_bodies(small_data, tmp_path):
         collective_timeout=0.0,
         max_restarts=0,
         checkpoint_dir="",
+        tensorboard_dir=str(tmp_path / "tb"),
         cluster_mode="local",
     )
     assert model.metadata == {
@@ -90,10 +91,17 @@ def test_train_evaluate_and_publish_bodies(small_data, tmp_path):
         "classification_metrics": ClassificationMetrics(uri=str(tmp_path / "cm")),
         "chief_model": Model(uri=str(tmp_path / "chief")),
     }
-    accuracy = _run("evaluate", dataset=small_data, models=[model], min_accuracy=0.5, **outputs)
+    decision, accuracy, serving_check = _run(
+        "evaluate", dataset=small_data, models=[model], min_accuracy=0.5, **outputs
+    )
     assert (
         outputs["metrics"].metadata["accuracy"] == accuracy >= 0.5 and outputs["metrics"].metadata["passed_gate"] == 1
     )
+    assert serving_check == "passed" and outputs["metrics"].metadata["serving_check_passed"] == 1
+    assert decision == "publish" == outputs["report"].metadata["decision"]
+    assert outputs["chief_model"].metadata["serving_check"].startswith("passed: 256 held-out uint8 images")
+    report = (tmp_path / "report").read_text()
+    assert "Serving check: <b>passed</b>" in report and f'<a href="file://{tmp_path}/tb/run-7">' in report
     assert len(outputs["classification_metrics"].metadata["confusionMatrix"]["rows"]) == 10
     assert outputs["chief_model"].metadata["source_uri"] == model.uri
 
@@ -106,13 +114,29 @@ def test_train_evaluate_and_publish_bodies(small_data, tmp_path):
         publish_uri=str(tmp_path / "published"),
     )
     latest = json.loads((tmp_path / "published" / "latest.json").read_text())
-    assert decision.metadata == {"published": True, "version": latest["version"]}
+    assert decision.metadata == {
+        "published": True,
+        "version": latest["version"],
+        "latest_version": latest["version"],
+        "latest_path": latest["path"],
+    }
     assert latest["lineage"] == {
         "run_id": "run-7",
         "dataset": "sample",
         "model_uri": model.uri,
         "parameters": history["parameters"],
     }
+    worse = Metrics(uri=str(tmp_path / "worse"))
+    worse.metadata.update({**outputs["metrics"].metadata, "accuracy": latest["metrics"]["accuracy"] - 0.01})
+    kept = Markdown(uri=str(tmp_path / "kept"))
+    _run(
+        "publish_model",
+        model=outputs["chief_model"],
+        metrics=worse,
+        decision=kept,
+        publish_uri=str(tmp_path / "published"),
+    )
+    assert kept.metadata == {**decision.metadata, "published": False, "version": 0}, "deploy serves the better one"
 
 
 @pytest.mark.slow
@@ -143,7 +167,7 @@ def test_parameter_server_bodies_train_together(small_data, tmp_path):
     for thread in threads:
         thread.start()
     model = Model(uri=str(tmp_path / "model"))
-    _run("train_chief", model=model, epochs=2, batch_size=64, learning_rate=0.002, **common)
+    _run("train_chief", model=model, epochs=2, batch_size=64, learning_rate=0.002, tensorboard_dir="", **common)
     for thread in threads:
         thread.join(timeout=120)
     assert failures == [] and not any(t.is_alive() for t in threads)

@@ -14,7 +14,7 @@ from components import contract
 from pipelines.cli import compile_pipeline
 from pipelines.factories import FACTORIES
 from tests.conftest import ROOT
-from trainer import config
+from trainer import config, settings
 from trainer.errors import UsageError
 from trainer.flags import flag_name
 
@@ -22,9 +22,9 @@ IMAGE = "registry.example.com/team/kfp-tf-multiworker:9.9.9"
 
 
 def test_every_setting_is_declared_once_with_help_and_a_check():
-    names = [f.name for f in config.fields()]
+    names = [f.name for f in settings.fields()]
     assert len(names) == len(set(names)), "a setting name belongs to one group"
-    for f in config.fields():
+    for f in settings.fields():
         assert len(f.metadata["help"]) > 15 and isinstance(f.metadata["check"], config.Check), f.name
         if f.default is not dataclasses.MISSING:
             assert f.metadata["check"].ok(f.default), f"{f.name}'s own default passes its check"
@@ -32,8 +32,8 @@ def test_every_setting_is_declared_once_with_help_and_a_check():
 
 def test_overrides_name_settings_say_why_and_pass_the_check():
     for name, override in contract.PIPELINE_OVERRIDES.items():
-        assert override.value != config.default(name) and len(override.reason) > 40
-        assert config.check(name, override.value) == override.value
+        assert override.value != settings.default(name) and len(override.reason) > 40
+        assert settings.check(name, override.value) == override.value
 
 
 @pytest.mark.parametrize(
@@ -55,7 +55,7 @@ def test_a_bad_value_is_named_with_what_is_allowed(name, value, allowed):
     with pytest.raises(
         UsageError, match=rf"^{name} {value!r} is not allowed; allowed: ".replace("(", r"\(").replace(")", r"\)")
     ) as err:
-        config.check(name, value)
+        settings.check(name, value)
     assert allowed in str(err.value)
 
 
@@ -76,13 +76,13 @@ def test_every_default_and_description_in_the_yaml_comes_from_the_contract(compi
     assert root, "the pipeline has parameters"
     for name, parameter in root.items():
         assert parameter["defaultValue"] == contract.pipeline_default(name), name
-        assert parameter["description"] == config.help_text(name), name
+        assert parameter["description"] == settings.help_text(name), name
     component_defaults = 0
     for component in compiled["components"].values():
         for name, parameter in component.get("inputDefinitions", {}).get("parameters", {}).items():
             if "defaultValue" in parameter and not name.startswith("pipelinechannel--"):
                 assert parameter["defaultValue"] == contract.pipeline_default(name), name
-                assert parameter["description"] == config.help_text(name), name
+                assert parameter["description"] == settings.help_text(name), name
                 component_defaults += 1
     assert component_defaults >= 20
 
@@ -96,7 +96,7 @@ def test_the_cli_help_shows_the_contracts_defaults():
     ):
         text = " ".join(parser.format_help().split())
         for name in names:
-            f = config.field(name)
+            f = settings.field(name)
             assert flag_name(f) in text, name
             if f.default is not dataclasses.MISSING and not isinstance(f.default, bool):
                 shown = repr(f.default) if isinstance(f.default, str) else str(f.default)

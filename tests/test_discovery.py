@@ -207,4 +207,5 @@ def test_the_rbac_roles_grant_exactly_what_a_training_step_calls(httpserver, mon
         for r in rule["resources"]
         for v in rule["verbs"]
     }
-    assert used == granted, path.name
+    # The deploy step's rule (KServe's group) is checked by tests/test_serving_deploy.py; every other rule is here.
+    assert used == {(r, v) for r, v in granted if not r.endswith(".serving.kserve.io")}, path.name

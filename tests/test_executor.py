@@ -113,6 +113,7 @@ def test_a_worker_takes_its_index_as_the_driver_delivers_it_and_evaluate_takes_t
         "max_restarts": 0,
         "checkpoint_dir": "",
         "checkpoint_claim": "",
+        "tensorboard_dir": "",
         "cluster_mode": "local",
     }
     stringly = dict(parameters, worker_index="0")
@@ -147,8 +148,11 @@ def test_a_worker_takes_its_index_as_the_driver_delivers_it_and_evaluate_takes_t
         tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    accuracy = out["parameterValues"]["Output"]
-    assert 0.5 <= accuracy <= 1 and out["artifacts"]["metrics"]["artifacts"][0]["metadata"]["passed_gate"] == 1
+    accuracy = out["parameterValues"]["accuracy"]
+    metrics = out["artifacts"]["metrics"]["artifacts"][0]["metadata"]
+    assert 0.5 <= accuracy <= 1 and metrics["passed_gate"] == 1 and metrics["serving_check_passed"] == 1
+    assert out["parameterValues"]["serving_check"] == "passed"
+    assert out["parameterValues"]["Output"] == "publish", "the string the gate's condition compares"
     assert out["artifacts"]["chief_model"]["artifacts"][0]["metadata"]["source_uri"] == str(tmp_path / "model-0")
     assert (tmp_path / "report").read_text().startswith("<!doctype html>")
 
@@ -180,6 +184,7 @@ def test_a_worker_given_the_index_as_text_fails_with_one_line_as_bad_input(spec,
         "max_restarts": 0,
         "checkpoint_dir": "",
         "checkpoint_claim": "",
+        "tensorboard_dir": "",
         "cluster_mode": "local",
     }
     result, _ = run_executor(

@@ -2,6 +2,7 @@
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -15,14 +16,29 @@ def _summary(stdout):
 
 @pytest.mark.slow
 def test_local_pipeline_end_to_end(tmp_path):
+    from tests.test_tensorboard import TRAIN_TAGS, read_scalars
+
     published = tmp_path / "published"
     result = _script(
-        "--local", "--num-workers", "2", "--output-dir", str(tmp_path / "run"), "--publish-uri", str(published)
+        "--local",
+        "--num-workers",
+        "2",
+        "--output-dir",
+        str(tmp_path / "run"),
+        "--publish-uri",
+        str(published),
+        "--tensorboard-dir",
+        str(tmp_path / "tb"),
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = _summary(result.stdout)
     accuracy = float(summary["test accuracy"])
     assert accuracy >= 0.96
+    assert summary["serving check"].startswith("passed: 256 held-out uint8 images as TF Serving REST instances")
+    assert "Serving check: <b>passed</b>" in Path(summary["report"]).read_text()
+    scalars = read_scalars(Path(summary["tensorboard"]) / "train")
+    assert set(scalars) == TRAIN_TAGS and all([s for s, _ in v] == list(range(1, 13)) for v in scalars.values())
+    assert [p.parent.name for p in (tmp_path / "tb").rglob("events.out.tfevents.*")] == ["train"], "the chief only"
     model, report = Path(summary["model"]), Path(summary["report"])
     assert (model / "saved_model" / "saved_model.pb").is_file()
     history = json.loads((model / "history.json").read_text())
@@ -81,3 +97,21 @@ def test_failed_quality_gate_publishes_nothing_and_the_run_succeeds(tmp_path):
     assert summary["publish"].startswith("not published: accuracy") and "is below the gate 0.9990" in summary["publish"]
     assert not (tmp_path / "published").exists()
     assert "FAILED, not published" in Path(summary["report"]).read_text()
+
+
+def test_local_parameter_server_run_is_refused_with_the_reason(tmp_path):
+    result = _script("--local", "--strategy", "parameter_server", "--output-dir", str(tmp_path / "run"), timeout=60)
+    assert result.returncode == 2
+    assert (
+        "--strategy parameter_server is not allowed with --local: kfp.local runs at most 2 tasks at once"
+        in result.stderr
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_local_run_with_three_workers_is_refused_at_once(tmp_path):
+    start = time.monotonic()
+    result = _script("--local", "--num-workers", "3", "--output-dir", str(tmp_path / "run"), timeout=60)
+    assert result.returncode == 2
+    assert "at most 2 ParallelFor iterations at once" in result.stderr
+    assert time.monotonic() - start < 30 and not (tmp_path / "run").exists()

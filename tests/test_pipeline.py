@@ -4,7 +4,6 @@ import contextlib
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,14 @@ import yaml
 from tests.conftest import ROOT
 
 IMAGE = "registry.example.com/team/kfp-tf-multiworker:9.9.9"
-EXECUTORS = {"exec-prepare-data", "exec-create-cluster", "exec-train-worker", "exec-evaluate", "exec-publish-model"}
+EXECUTORS = {
+    "exec-prepare-data",
+    "exec-create-cluster",
+    "exec-train-worker",
+    "exec-evaluate",
+    "exec-publish-model",
+    "exec-deploy-model",
+}
 
 
 def _load(path):
@@ -64,7 +70,7 @@ def test_yaml_loads_back_with_kfp(compiled):
     loaded = components.load_component_from_file(str(compiled))
     assert loaded.name == "mnist-multiworker"
     assert set(loaded.component_spec.inputs) >= {"num_workers", "epochs", "source", "max_restarts"}
-    assert set(loaded.component_spec.outputs) == {"accuracy", "model", "metrics", "report"}
+    assert set(loaded.component_spec.outputs) == {"accuracy", "serving_check", "model", "metrics", "report"}
 
 
 def test_every_step_runs_in_the_given_image_without_pip_install(spec):
@@ -103,26 +109,39 @@ def test_no_exit_handler_and_the_run_returns_its_results(spec):
     }
 
 
-def test_quality_gate_guards_publishing(spec):
+def _guards(spec, task_name):
+    """The conditions of every dsl.If around a task, outermost first."""
+    parents = {}
+    for name, component in spec["components"].items():
+        for child in component.get("dag", {}).get("tasks", {}).values():
+            parents[child["componentRef"]["name"]] = name
     tasks = _tasks(spec)
-    conditions = " ".join(
-        t["triggerPolicy"]["condition"] for t in tasks.values() if "condition" in t.get("triggerPolicy", {})
-    )
-    assert (
-        "inputs.parameter_values['pipelinechannel--evaluate-Output'] >= "
-        "inputs.parameter_values['pipelinechannel--min_accuracy']" in conditions
-    )
-    assert "inputs.parameter_values['pipelinechannel--publish_uri'] != ''" in conditions
+    component, guards = tasks[task_name]["componentRef"]["name"], []
+    while component in parents:
+        component = parents[component]
+        owner = next(t for t in tasks.values() if t["componentRef"]["name"] == component)
+        guards.insert(0, owner.get("triggerPolicy", {}).get("condition"))
+    return guards
+
+
+def test_quality_gate_and_serving_check_guard_publishing_and_deploying(spec):
+    value = "inputs.parameter_values['pipelinechannel--{}']".format
+    gates = [f"{value('evaluate-Output')} == 'publish'", f"{value('publish_uri')} != ''"]
+    assert _guards(spec, "publish-model") == gates
+    assert _guards(spec, "deploy-model") == [*gates, f"{value('serving_name')} != ''"]
+    tasks = _tasks(spec)
     assert (
         tasks["publish-model"]["inputs"]["artifacts"]["model"]["componentInputArtifact"]
         == "pipelinechannel--evaluate-chief_model"
     )
+    decision = tasks["deploy-model"]["inputs"]["artifacts"]["decision"]
+    assert decision == {"componentInputArtifact": "pipelinechannel--publish-model-decision"}, "after publishing"
 
 
 def test_only_data_preparation_is_cached(spec):
     tasks = _tasks(spec)
     assert tasks["prepare-data"]["cachingOptions"] == {"enableCache": True}
-    for name in ("create-cluster", "train-worker", "evaluate", "publish-model"):
+    for name in ("create-cluster", "train-worker", "evaluate", "publish-model", "deploy-model"):
         assert not tasks[name]["cachingOptions"].get("enableCache"), name
 
 
@@ -156,9 +175,8 @@ def test_training_pods_know_who_they_are_and_what_they_may_use(spec, platform):
         and resources["memoryLimit"] > resources["memoryRequest"]
     )
     assert _tasks(spec)["train-worker"]["retryPolicy"]["maxRetryCount"] == 1
-    assert platform["exec-create-cluster"]["fieldPathAsEnv"] == [
-        {"name": "POD_NAMESPACE", "fieldPath": "metadata.namespace"}
-    ]
+    for executor in ("exec-create-cluster", "exec-deploy-model"):
+        assert platform[executor]["fieldPathAsEnv"] == [{"name": "POD_NAMESPACE", "fieldPath": "metadata.namespace"}]
 
 
 def test_pod_sizing_comes_from_the_command_line(tmp_path):
@@ -263,21 +281,3 @@ def test_parameter_server_pipeline_has_its_own_name_chief_ps_and_worker_ops(tmp_
         == "pipelinechannel--create-ps-cluster-Output"
     )
     assert loops["chief"]["parameterIterator"]["items"]["raw"] == "[0]"
-
-
-def test_local_parameter_server_run_is_refused_with_the_reason(tmp_path):
-    result = _script("--local", "--strategy", "parameter_server", "--output-dir", str(tmp_path / "run"), timeout=60)
-    assert result.returncode == 2
-    assert (
-        "--strategy parameter_server is not allowed with --local: kfp.local runs at most 2 tasks at once"
-        in result.stderr
-    )
-    assert not (tmp_path / "run").exists()
-
-
-def test_local_run_with_three_workers_is_refused_at_once(tmp_path):
-    start = time.monotonic()
-    result = _script("--local", "--num-workers", "3", "--output-dir", str(tmp_path / "run"), timeout=60)
-    assert result.returncode == 2
-    assert "at most 2 ParallelFor iterations at once" in result.stderr
-    assert time.monotonic() - start < 30 and not (tmp_path / "run").exists()

@@ -88,7 +88,9 @@ def test_every_task_input_receives_exactly_the_type_its_component_declares(spec)
     ]
     assert not mismatches, "\n".join(mismatches)
     reached = {task for _, task, _, _, _ in flows}
-    assert {"publish-model", "evaluate"} <= reached and reached & {"train-worker", "train-server"}, "nested DAGs too"
+    assert {"publish-model", "evaluate", "deploy-model"} <= reached and reached & {"train-worker", "train-server"}, (
+        "nested DAGs too"
+    )
 
 
 def test_the_worker_index_arrives_as_the_integer_the_worker_declares(spec):

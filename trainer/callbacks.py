@@ -68,3 +68,72 @@ class ThroughputHistory:
         self._start = 0.0
         self._fit_start = 0.0
         self.callback = _Callback()
+
+
+def current_learning_rate(optimizer: Any) -> float:
+    """The learning rate of the optimizer's next step, read the way tf_keras' own TensorBoard callback reads it."""
+    import tf_keras as keras
+
+    rate = getattr(optimizer, "_learning_rate", None)
+    if rate is None:
+        rate = optimizer.learning_rate
+    if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+        rate = rate(optimizer.iterations)
+    return float(rate)
+
+
+def run_log_dir(tensorboard_dir: str, run_id: str) -> str:
+    """Where one run's event files go: `tensorboard_dir/<run_id>` (or `tensorboard_dir` itself without a run id).
+
+    Each run is one TensorBoard "run" with a `train` and, when validating, a `validation` subdirectory, so
+    TensorBoard draws both on one chart and every retrain appears beside the earlier ones.
+    """
+    root = tensorboard_dir.rstrip("/")
+    return f"{root}/{run_id}" if run_id else root
+
+
+class TensorBoardScalars:
+    """Per-epoch scalars as TensorBoard event files (`tf.summary`), as a Keras callback; only the chief uses it.
+
+    Under `log_dir/train`: loss, accuracy, learning_rate and examples_per_second; under `log_dir/validation`:
+    loss and accuracy when the run validates. The step of every point is the epoch (1, 2, ...), as in
+    history.json; the writers flush after every epoch, so TensorBoard shows a run while it trains.
+
+    Args:
+        log_dir: the run's directory (`run_log_dir`); any `tf.io.gfile` location.
+        throughput: the run's ThroughputHistory, placed before this callback, for examples/s.
+    """
+
+    def __init__(self, log_dir: str, throughput: ThroughputHistory) -> None:
+        import tensorflow as tf
+        import tf_keras as keras
+
+        self.log_dir = log_dir
+        writers: dict[str, Any] = {}
+
+        def writer(name: str) -> Any:
+            if name not in writers:
+                writers[name] = tf.summary.create_file_writer(f"{log_dir}/{name}")
+            return writers[name]
+
+        class _Callback(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                logs = dict(logs or {})
+                step = epoch + 1
+                train = {name: logs[name] for name in ("loss", "accuracy") if name in logs}
+                train["learning_rate"] = current_learning_rate(self.model.optimizer)
+                if throughput.epochs and throughput.epochs[-1]["epoch"] == step:
+                    train["examples_per_second"] = throughput.epochs[-1]["examples_per_second"]
+                validation = {name[4:]: logs[name] for name in ("val_loss", "val_accuracy") if name in logs}
+                for name, values in (("train", train), ("validation", validation)):
+                    if values:
+                        with writer(name).as_default():
+                            for tag, value in values.items():
+                                tf.summary.scalar(tag, float(value), step=step)
+                        writer(name).flush()
+
+            def on_train_end(self, logs=None):
+                for w in writers.values():
+                    w.close()
+
+        self.callback = _Callback()

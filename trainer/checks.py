@@ -17,6 +17,8 @@ from trainer.errors import UsageError
 
 SOURCE_FORMS = "'sample', 'idx:DIR_OR_URI', or a TFDS name such as 'mnist' or 'tfds:fashion_mnist'"
 _DNS_SUBDOMAIN = re.compile(r"^$|^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_SERVING_NAME = re.compile(r"^([a-z]([-a-z0-9]*[a-z0-9])?)?$")
+_IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _TFDS_NAME = re.compile(r"^[a-z][a-z0-9_]*(/[A-Za-z0-9_.-]+)?(:[0-9.*]+)?$")
 
 
@@ -138,3 +140,17 @@ class Checked:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
             object.__setattr__(self, f.name, checked(f, getattr(self, f.name)))
+
+
+def kserve_name_or_empty() -> Check:
+    """Allows "" or a name KServe accepts for an InferenceService."""
+    return Check(
+        lambda v: isinstance(v, str) and len(v) <= 63 and bool(_SERVING_NAME.match(v)),
+        "empty, or lowercase letters, digits and '-', starting with a letter and ending with a letter or "
+        "digit, at most 63 characters (KServe's rule for InferenceService names)",
+    )
+
+
+def image_tag() -> Check:
+    """Allows a container image tag."""
+    return Check(lambda v: isinstance(v, str) and bool(_IMAGE_TAG.match(v)), "an image tag such as 2.20.0")

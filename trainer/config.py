@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterator
 from typing import Any
 
 from trainer.checks import (
@@ -20,10 +19,11 @@ from trainer.checks import (
     Check,
     Checked,
     at_least,
-    checked,
     dns_subdomain_or_empty,
+    image_tag,
     int_between,
     is_source,
+    kserve_name_or_empty,
     location,
     non_empty,
     number_between,
@@ -35,6 +35,7 @@ from trainer.checks import (
 STRATEGIES = ("multi_worker_mirrored", "parameter_server")
 CLUSTER_MODES = ("kubernetes", "local")
 MAX_WORKERS = 64
+# KServe's own rule for an InferenceService name (IsvcNameFmt in its v1beta1 validation), at most a DNS label long.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,6 +193,13 @@ class RuntimeConfig(Checked):
         check=text(),
     )
     threads: int = setting(0, "intra-op threads; 0: TensorFlow decides", check=int_between(0, 1024))
+    tensorboard_dir: str = setting(
+        "",
+        "where the chief writes TensorBoard event files (loss, accuracy, learning rate, examples/s and, when "
+        "validating, validation loss and accuracy, once per epoch) in a subdirectory named by run_id; a local "
+        "path or a tf.io.gfile URI such as gs://bucket/tensorboard; empty: none",
+        check=text(),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,6 +227,30 @@ class PublishConfig(Checked):
 
 
 @dataclasses.dataclass(frozen=True)
+class ServingConfig(Checked):
+    """The KServe InferenceService that serves the published model (docs/serving.md)."""
+
+    serving_name: str = setting(
+        "",
+        "name of the KServe InferenceService that serves the published model, created or patched after "
+        "publishing in the run's namespace; empty: no deployment",
+        check=kserve_name_or_empty(),
+    )
+    serving_timeout: float = setting(
+        900.0,
+        "seconds to wait for the InferenceService to become Ready (the serving image is pulled and the model "
+        "downloaded first) before failing with KServe's last reason",
+        check=number_between(1, 86_400),
+    )
+    serving_runtime_version: str = setting(
+        "2.20.0",
+        "the TensorFlow Serving image tag the InferenceService runs (KServe's runtimeVersion); KServe's default "
+        "2.6.2 cannot load what TensorFlow 2.21 exports (docs/serving.md)",
+        check=image_tag(),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Everything one training task needs, in the four groups of the contract."""
 
@@ -240,7 +272,8 @@ class TrainConfig:
         """A copy with settings changed by name, whichever group they are in."""
         groups: dict[str, dict[str, Any]] = {}
         for name, value in changes.items():
-            groups.setdefault(group_of(name), {})[name] = value
+            owner = next(g for g, cls in GROUPS.items() if name in {f.name for f in dataclasses.fields(cls)})
+            groups.setdefault(owner, {})[name] = value
         return dataclasses.replace(self, **{g: dataclasses.replace(getattr(self, g), **v) for g, v in groups.items()})
 
 
@@ -250,44 +283,5 @@ GROUPS: dict[str, type] = {
     "optim": OptimConfig,
     "cluster": ClusterConfig,
     "publish": PublishConfig,
+    "serving": ServingConfig,
 }
-
-
-def fields() -> Iterator[dataclasses.Field]:
-    """Every setting of the contract, group by group."""
-    for group in GROUPS.values():
-        yield from dataclasses.fields(group)
-
-
-def field(name: str) -> dataclasses.Field:
-    """The declaration of the setting `name`."""
-    for f in fields():
-        if f.name == name:
-            return f
-    raise KeyError(f"{name!r} is not a setting of the contract")
-
-
-def group_of(name: str) -> str:
-    """The group (`runtime`, `data`, `optim`, `cluster`, `publish`) the setting `name` belongs to."""
-    for group, cls in GROUPS.items():
-        if name in {f.name for f in dataclasses.fields(cls)}:
-            return group
-    raise KeyError(f"{name!r} is not a setting of the contract")
-
-
-def default(name: str) -> Any:
-    """The contract's default of a setting (what the trainer CLIs use)."""
-    f = field(name)
-    if f.default is dataclasses.MISSING:
-        raise KeyError(f"setting {name!r} has no default")
-    return f.default
-
-
-def help_text(name: str) -> str:
-    """The help text of the setting `name`: its CLI help and its pipeline description."""
-    return field(name).metadata["help"]
-
-
-def check(name: str, value: Any) -> Any:
-    """Checks one value against its setting's declaration and returns it (ints widened to float where declared)."""
-    return checked(field(name), value)

@@ -87,13 +87,20 @@ def compute_metrics(probabilities: np.ndarray, labels: np.ndarray, class_names: 
     }
 
 
-def run(model_dir: str, data_dir: str, output: str | None = None, split: str = "test") -> dict[str, Any]:
-    """Evaluates the SavedModel in `model_dir` on `split` of `data_dir`; writes the metrics JSON to `output`."""
+def evaluate_split(model_dir: str, data_dir: str, split: str = "test") -> tuple[dict[str, Any], Any, Any]:
+    """The metrics of the SavedModel in `model_dir` on `split`, with the split's images and the probabilities."""
     path = saved_model_path(model_dir)
     images, labels, meta = read_arrays(data_dir, split)
-    metrics = compute_metrics(predict(path, images), labels, meta["class_names"])
+    probabilities = predict(path, images)
+    metrics = compute_metrics(probabilities, labels, meta["class_names"])
     metrics["dataset"] = meta.get("source")
     metrics["split"] = split
+    return metrics, images, probabilities
+
+
+def run(model_dir: str, data_dir: str, output: str | None = None, split: str = "test") -> dict[str, Any]:
+    """Evaluates the SavedModel in `model_dir` on `split` of `data_dir`; writes the metrics JSON to `output`."""
+    metrics, _, _ = evaluate_split(model_dir, data_dir, split)
     if output:
         write_json(output, metrics)
     log.info(

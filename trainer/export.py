@@ -8,6 +8,7 @@ import tempfile
 from typing import Any
 
 from trainer.atomic import atomic_directory, write_json
+from trainer.callbacks import run_log_dir
 from trainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,9 @@ def history_record(
         "class_names": meta["class_names"],
         "image_shape": list(meta["image_shape"]),
         "run_id": config.runtime.run_id,
+        "tensorboard": run_log_dir(config.runtime.tensorboard_dir, config.runtime.run_id)
+        if config.runtime.tensorboard_dir
+        else "",
         "parameters": {
             "num_workers": workers,
             "epochs": config.optim.epochs,

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from trainer import config
+from trainer import settings
 from trainer.errors import UsageError
 
 _TYPES = {"int": int, "float": float, "str": str, "bool": bool}
@@ -26,7 +26,7 @@ def flag_name(f: dataclasses.Field) -> str:
 def add_settings(parser: argparse.ArgumentParser | Any, names: Iterable[str]) -> None:
     """Adds one flag per named setting, with the contract's type, default and help."""
     for name in names:
-        f = config.field(name)
+        f = settings.field(name)
         kind = _TYPES[f.type if isinstance(f.type, str) else f.type.__name__]
         help_text = f.metadata["help"].replace("%", "%%")
         if f.default is dataclasses.MISSING:

@@ -15,7 +15,7 @@ from typing import Any
 
 from trainer import cluster as cluster_lib
 from trainer.atomic import check_writable_parent
-from trainer.callbacks import ResumeEpoch, ThroughputHistory
+from trainer.callbacks import ResumeEpoch, TensorBoardScalars, ThroughputHistory, run_log_dir
 from trainer.config import TrainConfig
 from trainer.errors import PeerUnavailableError, UsageError
 from trainer.export import history_record, save_and_discard, save_model
@@ -99,6 +99,8 @@ def run(
     chief = cluster_lib.is_chief(tf_config)
     if chief:
         check_writable_parent(runtime.model_dir)
+        if runtime.tensorboard_dir:
+            check_writable_parent(run_log_dir(runtime.tensorboard_dir, runtime.run_id) + "/train")
     if runtime.threads:
         tf.config.threading.set_intra_op_parallelism_threads(runtime.threads)
         tf.config.threading.set_inter_op_parallelism_threads(min(runtime.threads, 2))
@@ -132,6 +134,8 @@ def run(
     throughput = ThroughputHistory(steps * global_batch)
     backup_dir = runtime.checkpoint_dir or f"{runtime.model_dir.rstrip('/')}.backup"
     callbacks = [keras.callbacks.BackupAndRestore(backup_dir=backup_dir), resume.callback, throughput.callback]
+    if chief and runtime.tensorboard_dir:
+        callbacks.append(TensorBoardScalars(run_log_dir(runtime.tensorboard_dir, runtime.run_id), throughput).callback)
     log.info(
         "training %d epochs x %d steps, global batch %d (%d per worker x %d workers)",
         config.optim.epochs,

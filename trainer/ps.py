@@ -23,7 +23,7 @@ from typing import Any
 
 from trainer import cluster as cluster_lib
 from trainer.atomic import check_writable_parent
-from trainer.callbacks import ThroughputHistory
+from trainer.callbacks import TensorBoardScalars, ThroughputHistory, run_log_dir
 from trainer.config import TrainConfig
 from trainer.errors import PeerUnavailableError, UsageError
 from trainer.export import history_record, save_model
@@ -182,6 +182,9 @@ def run(
     meta = load_metadata(runtime.data_dir)
     verify_split(runtime.data_dir, meta, "train")
     check_writable_parent(runtime.model_dir)
+    log_dir = run_log_dir(runtime.tensorboard_dir, runtime.run_id) if runtime.tensorboard_dir else ""
+    if log_dir:
+        check_writable_parent(f"{log_dir}/train")
     with StatusPublisher(open_status(status_uri(config), runtime.run_id)):
         if strategy is None:
             strategy = tf.distribute.experimental.ParameterServerStrategy(cluster_lib.cluster_resolver(tf_config))
@@ -194,6 +197,9 @@ def run(
         with strategy.scope():
             model = build_model(image_shape, meta["num_classes"], config.optim.learning_rate)
         throughput = ThroughputHistory(steps * batch_size)
+        callbacks = [throughput.callback]
+        if log_dir:
+            callbacks.append(TensorBoardScalars(log_dir, throughput).callback)
         log.info(
             "chief: %d epochs x %d steps of %d examples over %d workers and %d parameter servers",
             config.optim.epochs,
@@ -205,9 +211,7 @@ def run(
         if datasets is None:
             datasets = ps_dataset_creator(runtime.data_dir, meta, config.data, batch_size)
         try:
-            model.fit(
-                datasets, epochs=config.optim.epochs, steps_per_epoch=steps, callbacks=[throughput.callback], verbose=0
-            )
+            model.fit(datasets, epochs=config.optim.epochs, steps_per_epoch=steps, callbacks=callbacks, verbose=0)
         except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as err:
             raise PeerUnavailableError(
                 f"lost a parameter server during training: {err.message.strip().splitlines()[0][:300]}"

@@ -27,7 +27,7 @@ import time
 import uuid
 from typing import Any
 
-from trainer import config
+from trainer import settings
 from trainer.errors import UsageError
 from trainer.storage import Location
 
@@ -93,8 +93,8 @@ def publish(
     """
     if not publish_uri:
         raise UsageError("publish_uri is empty; give a local path, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX")
-    config.check("publish_uri", publish_uri)
-    config.check("s3_endpoint", s3_endpoint)
+    settings.check("publish_uri", publish_uri)
+    settings.check("s3_endpoint", s3_endpoint)
     if not os.path.isfile(os.path.join(saved_model_dir, "saved_model.pb")):
         raise UsageError(f"model directory {saved_model_dir!r} holds no SavedModel")
     target = Location(publish_uri, s3_endpoint)

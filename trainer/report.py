@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import html
 import io
+import os
+import urllib.parse
 from typing import Any
 
 from trainer.atomic import write_text
@@ -32,8 +34,47 @@ def plot_curves(history: dict[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
+def _link(uri: str) -> str:
+    """An href for a location: local paths as file:// URLs, URIs (gs://, s3://, https://) as they are."""
+    if "://" in uri:
+        return uri
+    return "file://" + urllib.parse.quote(os.path.abspath(uri))
+
+
+def serving_section(check: dict[str, Any] | None) -> str:
+    """The serving check's verdict and one row per check, or nothing when it did not run."""
+    if not check:
+        return ""
+    esc = html.escape
+    verdict = "passed" if check["passed"] else f"FAILED, not published: {esc(check['reason'])}"
+    rows = "".join(
+        f"<tr><td style='text-align:left'>{esc(c['name'])}</td><td>{'passed' if c['passed'] else 'FAILED'}</td>"
+        f"<td style='text-align:left'>{esc(c['detail'])}</td></tr>"
+        for c in check["checks"]
+    )
+    return (
+        f"<h2>Serving check</h2><p>Serving check: <b>{verdict}</b>. {check['examples']} held-out images were sent "
+        "as TF Serving REST instances to the SavedModel's <code>serving_default</code> signature, loaded the way "
+        f"TF Serving loads it in a fresh process ({check['seconds']}s).</p>"
+        f"<table><tr><th>check</th><th>result</th><th>detail</th></tr>{rows}</table>"
+    )
+
+
+def tensorboard_section(history: dict[str, Any]) -> str:
+    """A link to the run's TensorBoard event files, or nothing when none were written."""
+    logdir = history.get("tensorboard")
+    if not logdir:
+        return ""
+    esc = html.escape
+    return (
+        f'<p>TensorBoard event files (per-epoch scalars): <a href="{esc(_link(logdir))}">{esc(logdir)}</a>. '
+        "Open them with Kubeflow's Tensorboards app (a Tensorboard whose logs path is this location or its "
+        f"parent) or <code>tensorboard --logdir {esc(logdir)}</code>.</p>"
+    )
+
+
 def render_html(metrics: dict[str, Any], history: dict[str, Any]) -> str:
-    """The report as one self-contained HTML page."""
+    """The report's HTML page: metrics, gate, serving check, TensorBoard link, curves, per-class table, matrix."""
     png = base64.b64encode(plot_curves(history)).decode()
     esc = html.escape
     rows = "".join(
@@ -48,14 +89,16 @@ def render_html(metrics: dict[str, Any], history: dict[str, Any]) -> str:
     )
     last = history["epochs"][-1] if history["epochs"] else {}
     threshold = metrics.get("min_accuracy")
+    passed = threshold is not None and metrics["accuracy"] >= threshold
     gate = (
         ""
         if threshold is None
-        else (
-            f"Quality gate (min_accuracy {threshold:.4f}): "
-            f"<b>{'passed' if metrics['accuracy'] >= threshold else 'FAILED, not published'}</b>."
-        )
+        else f"Quality gate (min_accuracy {threshold:.4f}): <b>{'passed' if passed else 'FAILED, not published'}</b>."
     )
+    check = metrics.get("serving_check")
+    if check:
+        verdict = "passed" if check["passed"] else f"FAILED, not published ({esc(check['reason'])})"
+        gate += f" Serving check: <b>{verdict}</b>."
     speed = sum(e["examples_per_second"] for e in history["epochs"][1:]) / max(1, len(history["epochs"]) - 1)
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>Training report</title>
@@ -68,7 +111,9 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}</style></head><b
 <p>{history["workers"]} worker(s), global batch {history["global_batch_size"]}, {len(history["epochs"])} epochs of
 {history["steps_per_epoch"]} steps; final training accuracy {last.get("accuracy", float("nan")):.4f};
 {speed:.0f} examples/s after the first epoch.</p>
+{tensorboard_section(history)}
 <img alt="training curves" src="data:image/png;base64,{png}">
+{serving_section(metrics.get("serving_check"))}
 <h2>Per class</h2>
 <table><tr><th>class</th><th>precision</th><th>recall</th><th>F1</th><th>support</th></tr>{rows}</table>
 <h2>Confusion matrix (rows: true class, columns: predicted)</h2>

@@ -14,8 +14,9 @@ from typing import Any
 
 from trainer import cluster as cluster_lib
 from trainer.atomic import write_json
-from trainer.config import ClusterConfig, DataConfig, OptimConfig, PublishConfig, RuntimeConfig, TrainConfig, group_of
+from trainer.config import ClusterConfig, DataConfig, OptimConfig, PublishConfig, RuntimeConfig, TrainConfig
 from trainer.errors import TaskFailedError, UsageError
+from trainer.settings import group_of
 
 log = logging.getLogger(__name__)
 
@@ -150,14 +151,20 @@ def train_task(
 
 
 def evaluate(dataset: str, model_dirs: list[str], report: str, chief_copy: str, min_accuracy: float) -> dict[str, Any]:
-    """Evaluates the chief's exported SavedModel on the test split, writes the HTML report and copies the model.
+    """Evaluates the chief's exported SavedModel, runs the serving check, writes the HTML report, copies the model.
+
+    The serving check (`trainer.serving_check`) serves the SavedModel in a fresh process the way TF Serving does
+    and compares its answers for the first held-out images with the evaluation's.
 
     Returns:
-        The metrics (accuracy, loss, per-class results, confusion matrix, the gate's threshold) and `source_dir`.
+        The metrics (accuracy, loss, per-class results, confusion matrix, the gate's threshold, `passed_gate`),
+        `serving_check` (its result) with `serving_check_passed`, `decision` (`publish_decision`) and
+        `source_dir`.
     """
     import shutil
 
     from trainer import evaluate as evaluation
+    from trainer import serving_check
     from trainer.export import HISTORY_FILE, SAVED_MODEL_DIR
     from trainer.report import write_html
 
@@ -167,15 +174,35 @@ def evaluate(dataset: str, model_dirs: list[str], report: str, chief_copy: str, 
         raise UsageError(
             f"expected exactly one worker model with a SavedModel, found {len(chiefs)} of {len(model_dirs)}"
         )
-    result = evaluation.run(chiefs[0], dataset)
+    result, images, probabilities = evaluation.evaluate_split(chiefs[0], dataset)
+    log.info("test accuracy %.4f, loss %.4f on %d examples", result["accuracy"], result["loss"], len(images))
     result["min_accuracy"] = gate.min_accuracy
     result["passed_gate"] = int(result["accuracy"] >= gate.min_accuracy)
+    count = min(len(images), serving_check.EXAMPLES)
+    check = serving_check.run(os.path.join(chiefs[0], SAVED_MODEL_DIR), images[:count], probabilities[:count])
+    result["serving_check"] = check
+    result["serving_check_passed"] = int(check["passed"])
+    result["decision"] = publish_decision(result)
     with open(os.path.join(chiefs[0], HISTORY_FILE)) as f:
         history = json.load(f)
     write_html(report, result, history)
     shutil.copytree(chiefs[0], chief_copy)
     result["source_dir"] = chiefs[0]
     return result
+
+
+def publish_decision(result: dict[str, Any]) -> str:
+    """`publish` when the model passed the quality gate and the serving check, else `hold: ` and why not.
+
+    The pipeline publishes inside `dsl.If(decision == "publish")`: one condition on one output, the only kind
+    kfp.local resolves (its condition evaluator finds a task's `Output`, not its other named outputs).
+    """
+    reasons = []
+    if not result["passed_gate"]:
+        reasons.append(f"accuracy {result['accuracy']:.4f} is below the gate {result['min_accuracy']:.4f}")
+    if not result["serving_check"]["passed"]:
+        reasons.append(f"the serving check failed: {result['serving_check']['reason']}")
+    return "hold: " + "; ".join(reasons) if reasons else "publish"
 
 
 def publish_model(
@@ -195,3 +222,57 @@ def publish_model(
         "parameters": history.get("parameters", {}),
     }
     return publish(os.path.join(model_dir, SAVED_MODEL_DIR), metrics, target.publish_uri, lineage, target.s3_endpoint)
+
+
+def deploy_model(
+    publish_uri: str,
+    serving_name: str,
+    serving_timeout: float,
+    serving_runtime_version: str,
+    version: int,
+    published_path: str,
+    api: Any = None,
+    poll: float | None = None,
+) -> dict[str, Any]:
+    """Serves the published model with the KServe InferenceService `serving_name`; off when that is empty.
+
+    Creates or patches it in this pod's namespace and waits until it is Ready. `version` and `published_path` are
+    what latest.json names after the publish step (the best model published so far), as its decision records.
+
+    Returns:
+        `deployed` and `reason`, and when deployed the InferenceService's `url`, `predict_url`, `version`, ...
+
+    Raises:
+        UsageError: a bad setting, or nothing published; nothing was sent to the cluster.
+        KubernetesError: the API refused a call, or the rollout failed (the previous revision keeps serving).
+    """
+    from trainer import k8s, kserve
+    from trainer.config import ServingConfig
+
+    settings = ServingConfig(
+        serving_name=serving_name, serving_timeout=serving_timeout, serving_runtime_version=serving_runtime_version
+    )
+    if not settings.serving_name:
+        return {"deployed": False, "reason": "not deployed: serving_name is empty"}
+    kserve.storage_uri(publish_uri)
+    if not version:
+        raise UsageError(f"nothing is published at publish_uri {publish_uri!r} (version {version!r}); nothing to serve")
+    namespace = k8s.namespace()
+    if api is None:
+        from kubernetes import client
+
+        api = client.CustomObjectsApi(k8s.core_api().api_client)
+    result = kserve.deploy(
+        api,
+        namespace,
+        settings.serving_name,
+        publish_uri,
+        settings.serving_runtime_version,
+        version,
+        published_path,
+        settings.serving_timeout,
+        kserve.POLL_SECONDS if poll is None else poll,
+    )
+    reason = f"InferenceService {settings.serving_name} serves version {version} at {result['url']}"
+    log.info(reason)
+    return {"deployed": True, "reason": reason, "version": version, **result}

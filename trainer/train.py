@@ -23,7 +23,15 @@ from trainer.errors import UsageError
 from trainer.flags import Parser, add_settings, settings_from
 
 SETTINGS = {
-    "data and model": ("data_dir", "model_dir", "checkpoint_dir", "run_id", "shuffle_buffer", "seed"),
+    "data and model": (
+        "data_dir",
+        "model_dir",
+        "checkpoint_dir",
+        "run_id",
+        "tensorboard_dir",
+        "shuffle_buffer",
+        "seed",
+    ),
     "optimisation": ("epochs", "batch_size", "learning_rate", "steps_per_epoch", "steps_per_execution", "validate"),
     "cluster and timeouts": (
         "strategy",

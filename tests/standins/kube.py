@@ -3,6 +3,7 @@
 Generic over namespaced resources, core (`/api/v1/namespaces/{ns}/{resource}[/{name}]`) and grouped
 (`/apis/{group}/{version}/namespaces/{ns}/{resource}[/{name}]`): create, get, list (label and field selectors),
 patch (merge, strategic merge, JSON patch), replace, delete and deletecollection, with `Status` bodies for errors.
+`metadata.generation` starts at 1 and grows when anything but metadata and status changes, as in the real API.
 Every call is recorded as a `Call(verb, resource, namespace, name)` (grouped resources as `plural.group`, as
 kubectl writes them) so tests can compare the calls with an RBAC Role; a Role can also be enforced.
 
@@ -103,6 +104,13 @@ class KubeStandIn(ApiHandlers):
         with self._lock:
             created = self._create(Target(resource, group, api_version, namespace, None), objects.clone(obj))
             return objects.clone(created)
+
+    def set_status(self, resource: str, namespace: str, name: str, status: dict) -> dict:
+        """Replaces an object's status as its controller would (no call is recorded); returns the object."""
+        with self._lock:
+            obj = self._objects[(resource, namespace, name)]
+            obj["status"] = objects.clone(status)
+            return objects.clone(self._bump(obj))
 
     def add_pod(
         self,

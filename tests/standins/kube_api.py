@@ -167,7 +167,7 @@ class ApiHandlers:
                 f'{key} "{meta["name"]}" already exists',
                 self._details(target._replace(name=meta["name"])),
             )
-        meta.update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=now())
+        meta.update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=now(), generation=1)
         obj.setdefault("kind", KINDS.get(key, key.split(".")[0].rstrip("s").capitalize()))
         obj.setdefault("apiVersion", target.api_version)
         if key == "pods":
@@ -215,6 +215,10 @@ class ApiHandlers:
             )
         for field in ("namespace", "uid", "creationTimestamp"):
             new["metadata"][field] = current["metadata"][field]
+        spec_changed = {k: v for k, v in new.items() if k not in ("metadata", "status")} != {
+            k: v for k, v in current.items() if k not in ("metadata", "status")
+        }
+        new["metadata"]["generation"] = current["metadata"].get("generation", 1) + int(spec_changed)
         if target.group in BUILT_IN_GROUPS and "status" in current:  # status is a subresource: kept as it was
             new["status"] = current["status"]
         self._objects[(key, ns, name)] = new
