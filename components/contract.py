@@ -14,7 +14,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from trainer import settings
+from trainer import settings as contract_settings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,13 +42,13 @@ PIPELINE_OVERRIDES: dict[str, Override] = {
 
 def pipeline_default(name: str) -> Any:
     """The default a pipeline parameter or component input of this name gets: the override, else the contract's."""
-    return PIPELINE_OVERRIDES[name].value if name in PIPELINE_OVERRIDES else settings.default(name)
+    return PIPELINE_OVERRIDES[name].value if name in PIPELINE_OVERRIDES else contract_settings.default(name)
 
 
 def is_setting(name: str) -> bool:
     """Whether `name` is a setting of the contract."""
     try:
-        settings.field(name)
+        contract_settings.field(name)
     except KeyError:
         return False
     return True
@@ -57,7 +57,7 @@ def is_setting(name: str) -> bool:
 def _docstring(func: Callable[..., Any], settings: list[str]) -> str:
     lines = inspect.cleandoc(func.__doc__ or "").splitlines()
     own = {m.group(1) for line in lines if (m := re.match(r"^    (\w+):", line))}
-    added = [f"    {name}: {settings.help_text(name)}" for name in settings if name not in own]
+    added = [f"    {name}: {contract_settings.help_text(name)}" for name in settings if name not in own]
     if added and "Args:" in lines:
         end = lines.index("Args:") + 1
         while end < len(lines) and lines[end].startswith(" "):

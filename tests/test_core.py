@@ -45,6 +45,7 @@ def test_one_device_training_writes_the_model_and_the_loss_falls(few_digits, tmp
     assert not (tmp_path / "model.backup").exists(), "the checkpoint directory is removed after a successful run"
 
 
+@pytest.mark.slow
 def test_the_datasets_seam_trains_on_what_it_is_given(few_digits, tmp_path):
     images = np.zeros((16, 28, 28, 1), np.float32)
     labels = np.full((16,), 3, np.int64)

@@ -5,6 +5,8 @@ import pytest
 from pipelines import deploy
 from tests.kfp_standin import KfpStandIn
 
+pytestmark = pytest.mark.slow  # each test starts a server or a fresh TensorFlow process
+
 
 @pytest.fixture
 def kfp_server(httpserver):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_pipeline import _script
+from tests.test_pipeline import _cli, _script
 
 
 def _summary(stdout):
@@ -99,8 +99,8 @@ def test_failed_quality_gate_publishes_nothing_and_the_run_succeeds(tmp_path):
     assert "FAILED, not published" in Path(summary["report"]).read_text()
 
 
-def test_local_parameter_server_run_is_refused_with_the_reason(tmp_path):
-    result = _script("--local", "--strategy", "parameter_server", "--output-dir", str(tmp_path / "run"), timeout=60)
+def test_local_parameter_server_run_is_refused_with_the_reason(tmp_path, capsys):
+    result = _cli(capsys, "--local", "--strategy", "parameter_server", "--output-dir", str(tmp_path / "run"))
     assert result.returncode == 2
     assert (
         "--strategy parameter_server is not allowed with --local: kfp.local runs at most 2 tasks at once"
@@ -109,9 +109,9 @@ def test_local_parameter_server_run_is_refused_with_the_reason(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_local_run_with_three_workers_is_refused_at_once(tmp_path):
+def test_local_run_with_three_workers_is_refused_at_once(tmp_path, capsys):
     start = time.monotonic()
-    result = _script("--local", "--num-workers", "3", "--output-dir", str(tmp_path / "run"), timeout=60)
+    result = _cli(capsys, "--local", "--num-workers", "3", "--output-dir", str(tmp_path / "run"))
     assert result.returncode == 2
     assert "at most 2 ParallelFor iterations at once" in result.stderr
     assert time.monotonic() - start < 30 and not (tmp_path / "run").exists()

@@ -35,6 +35,17 @@ def _tasks(spec):
     return found
 
 
+def _cli(capsys, *args):
+    """`pipelines/mnist.py ARGS` in this process: (exit code, stdout, stderr)."""
+    from types import SimpleNamespace
+
+    from pipelines import cli
+
+    code = cli.main(list(args))
+    out = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
+
+
 def _script(*args, timeout=600, env=None):
     return subprocess.run(
         [sys.executable, "pipelines/mnist.py", *args],
@@ -179,8 +190,9 @@ def test_training_pods_know_who_they_are_and_what_they_may_use(spec, platform):
         assert platform[executor]["fieldPathAsEnv"] == [{"name": "POD_NAMESPACE", "fieldPath": "metadata.namespace"}]
 
 
-def test_pod_sizing_comes_from_the_command_line(tmp_path):
-    result = _script(
+def test_pod_sizing_comes_from_the_command_line(tmp_path, capsys):
+    result = _cli(
+        capsys,
         "--compile",
         "--image",
         IMAGE,
@@ -253,8 +265,8 @@ def test_kfp_cli_compiles_the_file_with_the_image_from_the_environment(tmp_path)
     assert {e["container"]["image"] for e in compiled["deploymentSpec"]["executors"].values()} == {IMAGE}
 
 
-def test_an_image_without_a_registry_is_taken_with_a_warning(tmp_path):
-    result = _script("--compile", "--image", "kfp-tf-multiworker:0.1.0", "--output", str(tmp_path / "p.yaml"))
+def test_an_image_without_a_registry_is_taken_with_a_warning(tmp_path, capsys):
+    result = _cli(capsys, "--compile", "--image", "kfp-tf-multiworker:0.1.0", "--output", str(tmp_path / "p.yaml"))
     assert result.returncode == 0, result.stderr
     assert (
         "image 'kfp-tf-multiworker:0.1.0' names no registry, so a cluster pulls it from "
@@ -262,9 +274,9 @@ def test_an_image_without_a_registry_is_taken_with_a_warning(tmp_path):
     )
 
 
-def test_parameter_server_pipeline_has_its_own_name_chief_ps_and_worker_ops(tmp_path):
-    result = _script(
-        "--compile", "--strategy", "parameter_server", "--output", str(tmp_path / "ps.yaml"), "--image", IMAGE
+def test_parameter_server_pipeline_has_its_own_name_chief_ps_and_worker_ops(tmp_path, capsys):
+    result = _cli(
+        capsys, "--compile", "--strategy", "parameter_server", "--output", str(tmp_path / "ps.yaml"), "--image", IMAGE
     )
     assert result.returncode == 0, result.stderr
     ps_spec = _load(tmp_path / "ps.yaml")

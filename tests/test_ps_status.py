@@ -18,6 +18,8 @@ from trainer.config import ClusterConfig, RuntimeConfig, TrainConfig
 from trainer.errors import EXIT_PEER_UNAVAILABLE, KubernetesError, PeerUnavailableError
 from trainer.launch import free_ports
 
+pytestmark = pytest.mark.slow  # each test starts a server or a fresh TensorFlow process
+
 RUN_ID = "5d3c0a1e-9b2f-4f6e-8a7d-1c2b3a4d5e6f"
 NS = "team-a"
 WORKFLOW = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": "mnist-parameter-server-x"}}
@@ -122,7 +124,6 @@ def _kubeconfig(tmp_path, url):
     return {"KUBECONFIG": str(path), "POD_NAMESPACE": NS, "POD_NAME": POD, "KUBERNETES_SERVICE_HOST": ""}
 
 
-@pytest.mark.slow
 def test_chief_ps_and_two_workers_finish_through_the_configmap_and_all_exit_zero(cluster, sample_data, tmp_path):
     standin, url = cluster
     name = status.configmap_name(RUN_ID)
@@ -142,7 +143,6 @@ def test_chief_ps_and_two_workers_finish_through_the_configmap_and_all_exit_zero
     assert (tmp_path / "model" / "saved_model" / "saved_model.pb").is_file()
 
 
-@pytest.mark.slow
 def test_killing_the_chief_ends_ps_and_workers_with_138_within_the_timeout(cluster, sample_data, tmp_path):
     standin, url = cluster
     ports = free_ports(4)

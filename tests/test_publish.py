@@ -18,6 +18,8 @@ from trainer.errors import UsageError
 from trainer.publish import latest, publish
 from trainer.storage import StorageError
 
+pytestmark = pytest.mark.slow  # each test starts a server or a fresh TensorFlow process
+
 LINEAGE = {"run_id": "run-1", "dataset": "sample", "model_uri": "minio://x", "parameters": {"epochs": 2}}
 
 
@@ -131,7 +133,6 @@ def test_a_source_file_lost_mid_copy_leaves_nothing_visible(backend, saved_model
     assert backend.listing() == before, "no staging, no version, latest.json unchanged"
 
 
-@pytest.mark.slow
 def test_s3_a_connection_lost_while_the_version_is_copied_leaves_no_version(s3, saved_model, tmp_path, monkeypatch):
     """The staged upload succeeds; the server-side copy into the version fails half-way (after the variables)."""
     for name, value in s3.publisher.env().items():

@@ -15,6 +15,8 @@ from trainer.export import save_model
 from trainer.model import build_model, serving_function
 from trainer.records import read_arrays
 
+pytestmark = pytest.mark.slow  # each test starts a server or a fresh TensorFlow process
+
 SHAPE = (28, 28, 1)
 ROWS = 64
 HISTORY = {

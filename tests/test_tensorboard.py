@@ -30,6 +30,7 @@ def _train(data, out, *extra, launcher=()):
     return run_module("trainer.launch", *launcher, "--", *args) if launcher else run_module("trainer.train", *args)
 
 
+@pytest.mark.slow
 def test_one_point_per_epoch_for_each_scalar_equal_to_the_history(sample_data, tmp_path):
     result = _train(sample_data, tmp_path, "--epochs", "3", "--validate")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -53,6 +54,7 @@ def test_one_point_per_epoch_for_each_scalar_equal_to_the_history(sample_data, t
     assert [v for _, v in train["learning_rate"]] == pytest.approx([cosine(k * steps) for k in (1, 2, 3)], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_without_validation_there_is_no_validation_run(sample_data, tmp_path):
     result = _train(sample_data, tmp_path, "--epochs", "1")
     assert result.returncode == 0, result.stderr[-3000:]
