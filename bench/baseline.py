@@ -22,6 +22,7 @@ def main() -> None:
     parser.add_argument(
         "--steps-per-execution", type=int, default=1, help="Keras compile option (default 1, Keras' own default)"
     )
+    parser.add_argument("--cosine-decay", action="store_true", help="the trainer's schedule: cosine over all steps")
     args = parser.parse_args()
 
     import tf_keras as keras
@@ -34,10 +35,12 @@ def main() -> None:
         images, labels = images[: args.examples], labels[: args.examples]
     x = images.astype("float32")
     keras.utils.set_random_seed(42)
+    steps = len(x) // args.batch_size + (1 if len(x) % args.batch_size else 0)
     model = build_model(
         tuple(meta["image_shape"]),
         meta["num_classes"],
         args.learning_rate,
+        decay_steps=args.epochs * steps if args.cosine_decay else 0,
         steps_per_execution=args.steps_per_execution,
     )
     times = []
@@ -50,7 +53,6 @@ def main() -> None:
             times.append(time.perf_counter() - self.start)
 
     model.fit(x, labels, batch_size=args.batch_size, epochs=args.epochs, shuffle=True, verbose=0, callbacks=[Timer()])
-    steps = len(x) // args.batch_size + (1 if len(x) % args.batch_size else 0)
     print(json.dumps({"epoch_seconds": times, "examples_per_epoch": len(x), "steps_per_epoch": steps}))
 
 

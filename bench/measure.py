@@ -11,6 +11,7 @@ from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+BENCH_IMAGE = "registry.example.com/bench/kfp-tf-multiworker:0.1.0"
 sys.path.insert(0, str(ROOT))
 
 
@@ -136,7 +137,9 @@ def train_run(data, work, name, workers, epochs, *extra, env=None, ps=0, example
     }
 
 
-def baseline_run(data, epochs, examples, steps_per_execution=1):
+def baseline_run(data, epochs, examples, steps_per_execution=1, same_settings=False):
+    """Plain Keras on in-memory arrays; `same_settings`: the trainer's learning rate and cosine schedule too."""
+    extra = ["--learning-rate", "0.002", "--cosine-decay"] if same_settings else []
     result, wall = run(
         [
             sys.executable,
@@ -149,6 +152,7 @@ def baseline_run(data, epochs, examples, steps_per_execution=1):
             str(examples),
             "--steps-per-execution",
             str(steps_per_execution),
+            *extra,
         ]
     )
     baseline = json.loads(result.stdout.strip().splitlines()[-1])
@@ -176,7 +180,17 @@ def interleaved(runs, repeats):
 def pipeline_overhead(work, epochs, compiles):
     compile_times = []
     for i in range(compiles):
-        _, seconds = run([sys.executable, "pipelines/mnist.py", "--compile", "--output", str(work / f"p{i}.yaml")])
+        _, seconds = run(
+            [
+                sys.executable,
+                "pipelines/mnist.py",
+                "--compile",
+                "--image",
+                BENCH_IMAGE,
+                "--output",
+                str(work / f"p{i}.yaml"),
+            ]
+        )
         compile_times.append(seconds)
     result, wall = run(
         [

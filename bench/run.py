@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from datetime import datetime, timezone
@@ -108,21 +109,26 @@ def main() -> None:
     results["steps_per_execution"] = spe = settings.default("steps_per_execution")
     throughput = interleaved(
         {
-            f"baseline, steps_per_execution {spe}": lambda i: baseline_run(data, epochs, examples, spe),
+            f"baseline, steps_per_execution {spe}": lambda i: baseline_run(data, epochs, examples, spe, True),
             "1 worker": lambda i: train_run(data, work, f"w1-{i}", 0, epochs, examples=examples),
             "baseline": lambda i: baseline_run(data, epochs, examples),
             "2 workers": lambda i: train_run(data, work, f"w2-{i}", 2, epochs, examples=examples),
         },
         repeats=results["repeats"],
     )
-    throughput["3 workers"] = train_run(data, work, "w3", 3, epochs, examples=examples)
     if not args.quick:
+        throughput["3 workers"] = train_run(data, work, "w3", 3, epochs, examples=examples)
         throughput["2 workers, batch 128 per worker"] = train_run(
             data, work, "w2-b128", 2, epochs, examples=examples, batch=128
         )
         throughput["parameter server: chief + 1 ps + 2 workers"] = train_run(
             data, work, "ps", 2, epochs, ps=1, examples=examples
         )
+    one_worker = throughput["1 worker"]["history"]["epochs"][1:]
+    results["checkpoint"] = {
+        "ms_per_epoch": 1e3 * statistics.mean(e["checkpoint_seconds"] for e in one_worker),
+        "share_of_epoch": statistics.mean(e["checkpoint_seconds"] / e["seconds"] for e in one_worker),
+    }
     results["throughput"] = {k: {kk: vv for kk, vv in v.items() if kk != "history"} for k, v in throughput.items()}
     print("all-reduce...", flush=True)
     single = train_run(

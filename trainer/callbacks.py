@@ -37,7 +37,11 @@ class ResumeEpoch:
 
 
 class ThroughputHistory:
-    """Per-epoch loss, accuracy, wall time and examples/s, as a Keras callback; `epochs` holds one dict per epoch."""
+    """Per-epoch loss, accuracy, wall time and examples/s, as a Keras callback; `epochs` holds one dict per epoch.
+
+    `mark` is a second callback to place before the checkpoint callback: the time between it and `callback` at the
+    end of an epoch is recorded as `checkpoint_seconds` (what saving the epoch's checkpoint cost).
+    """
 
     def __init__(self, examples_per_epoch: int) -> None:
         import tf_keras as keras
@@ -60,14 +64,22 @@ class ThroughputHistory:
                     "elapsed": round(now - outer._fit_start, 3),
                     "examples_per_second": round(examples_per_epoch / seconds, 1),
                 }
+                if outer._marked:
+                    entry["checkpoint_seconds"] = round(now - outer._marked, 3)
                 entry.update({k: float(v) for k, v in (logs or {}).items()})
                 outer.epochs.append(entry)
                 log.info("epoch %d: %s", epoch + 1, json.dumps(entry))
 
+        class _Mark(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                outer._marked = time.perf_counter()
+
         self.epochs: list[dict[str, Any]] = []
         self._start = 0.0
         self._fit_start = 0.0
+        self._marked = 0.0
         self.callback = _Callback()
+        self.mark = _Mark()
 
 
 def current_learning_rate(optimizer: Any) -> float:

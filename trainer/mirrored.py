@@ -133,7 +133,8 @@ def run(
 
     throughput = ThroughputHistory(steps * global_batch)
     backup_dir = runtime.checkpoint_dir or f"{runtime.model_dir.rstrip('/')}.backup"
-    callbacks = [keras.callbacks.BackupAndRestore(backup_dir=backup_dir), resume.callback, throughput.callback]
+    checkpoints = keras.callbacks.BackupAndRestore(backup_dir=backup_dir)
+    callbacks = [throughput.mark, checkpoints, resume.callback, throughput.callback]
     if chief and runtime.tensorboard_dir:
         callbacks.append(TensorBoardScalars(run_log_dir(runtime.tensorboard_dir, runtime.run_id), throughput).callback)
     log.info(
