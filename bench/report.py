@@ -82,7 +82,7 @@ def markdown(results):
     lines = [
         f"# Benchmarks ({r['mode']} run)",
         "",
-        f"Measured {r['date']} by `make bench{' -- --quick' if r['mode'] == 'quick' else ''}` on "
+        f"Measured {r['date']} by `make bench{' ARGS=--quick' if r['mode'] == 'quick' else ''}` on "
         f"{r['machine']['cores']} CPU cores "
         f"({r['machine']['processor']}), TensorFlow {r['machine']['tensorflow']}, no GPU. Dataset: {r['dataset']} "
         f"({r['train_examples']} training examples). Throughput runs: {r['epochs']} epochs of "
@@ -190,4 +190,7 @@ def markdown(results):
         f"![throughput]({'../bench/results/' if r['mode'] == 'full' else ''}{r['mode']}.png)",
         "",
     ]
+    if "section_seconds" in r:
+        spent = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in r["section_seconds"].items())
+        lines += [f"This run took {r['bench_seconds'] / 60:.1f} minutes: {spent}.", ""]
     return "\n".join(lines)

@@ -16,6 +16,21 @@ from pipelines.cli import compile_pipeline
 from tests.conftest import ROOT
 
 IMAGE = "registry.example.com/team/kfp-tf-multiworker:9.9.9"
+WORKER_PARAMETERS = {
+    "worker_index": 0,
+    "run_id": "run-1",
+    "epochs": 1,
+    "batch_size": 64,
+    "learning_rate": 0.002,
+    "startup_timeout": 60.0,
+    "unschedulable_timeout": 60.0,
+    "collective_timeout": 0.0,
+    "max_restarts": 0,
+    "checkpoint_dir": "",
+    "checkpoint_claim": "",
+    "tensorboard_dir": "",
+    "cluster_mode": "local",
+}
 JSON_TYPES = {
     "NUMBER_INTEGER": int,
     "NUMBER_DOUBLE": float,
@@ -101,21 +116,7 @@ def test_a_worker_takes_its_index_as_the_driver_delivers_it_and_evaluate_takes_t
         "dataset": [_artifact(sample_data, "system.Dataset", "dataset")],
         "cluster": [_artifact(tmp_path / "cluster", "system.Artifact", "cluster")],
     }
-    parameters = {
-        "worker_index": 0,
-        "run_id": "run-1",
-        "epochs": 1,
-        "batch_size": 64,
-        "learning_rate": 0.002,
-        "startup_timeout": 60.0,
-        "unschedulable_timeout": 60.0,
-        "collective_timeout": 0.0,
-        "max_restarts": 0,
-        "checkpoint_dir": "",
-        "checkpoint_claim": "",
-        "tensorboard_dir": "",
-        "cluster_mode": "local",
-    }
+    parameters = dict(WORKER_PARAMETERS)
     stringly = dict(parameters, worker_index="0")
     with pytest.raises(AssertionError, match="worker_index typed as the YAML declares it"):
         run_executor(spec, "train_worker", stringly, worker_inputs, {}, tmp_path)
@@ -172,21 +173,7 @@ def test_a_worker_given_the_index_as_text_fails_with_one_line_as_bad_input(spec,
     spec["components"]["comp-train-worker"]["inputDefinitions"]["parameters"]["worker_index"]["parameterType"] = (
         "STRING"
     )
-    parameters = {
-        "worker_index": "0",
-        "run_id": "run-1",
-        "epochs": 1,
-        "batch_size": 64,
-        "learning_rate": 0.002,
-        "startup_timeout": 60.0,
-        "unschedulable_timeout": 60.0,
-        "collective_timeout": 0.0,
-        "max_restarts": 0,
-        "checkpoint_dir": "",
-        "checkpoint_claim": "",
-        "tensorboard_dir": "",
-        "cluster_mode": "local",
-    }
+    parameters = dict(WORKER_PARAMETERS, worker_index="0")
     result, _ = run_executor(
         spec,
         "train_worker",

@@ -24,6 +24,11 @@ def _env(extra=None):
     return env
 
 
+def launch(*args: str) -> "Streamed":
+    """`trainer-launch ARGS` with its merged output collected line by line."""
+    return Streamed([sys.executable, "-m", "trainer.launch", *args], _env())
+
+
 class Streamed:
     """A process whose merged output is collected line by line while it runs."""
 
@@ -64,26 +69,20 @@ class Streamed:
 def test_a_peer_killed_mid_training_makes_both_workers_restart_in_place_and_finish(
     sample_data, undisturbed_two_workers, tmp_path
 ):
-    launcher = Streamed(
-        [
-            sys.executable,
-            "-m",
-            "trainer.launch",
-            "--workers",
-            "2",
-            "--max-restarts",
-            "1",
-            "--",
-            "--data",
-            sample_data,
-            "--model-dir",
-            str(tmp_path / "model"),
-            "--epochs",
-            "10",
-            "--checkpoint-dir",
-            str(tmp_path / "checkpoints"),
-        ],
-        _env(),
+    launcher = launch(
+        "--workers",
+        "2",
+        "--max-restarts",
+        "1",
+        "--",
+        "--data",
+        sample_data,
+        "--model-dir",
+        str(tmp_path / "model"),
+        "--epochs",
+        "10",
+        "--checkpoint-dir",
+        str(tmp_path / "checkpoints"),
     )
     try:
         pid = int(launcher.wait_for(r"^\[worker 1\] .*cluster formed: .*\(pid (\d+)\)", 120).group(1))

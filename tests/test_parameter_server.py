@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.test_faults import Streamed, _env
+from tests.test_faults import Streamed, _env, launch
 from trainer import ps
 from trainer.cluster import build_tf_config, make_cluster
 from trainer.errors import EXIT_PEER_UNAVAILABLE, PeerUnavailableError
@@ -30,24 +30,18 @@ def _processes_alive(pids):
 
 @pytest.mark.slow
 def test_chief_ps_and_two_workers_train_and_all_exit_zero(sample_data, tmp_path):
-    launcher = Streamed(
-        [
-            sys.executable,
-            "-m",
-            "trainer.launch",
-            "--workers",
-            "2",
-            "--ps",
-            "1",
-            "--",
-            "--data",
-            sample_data,
-            "--model-dir",
-            str(tmp_path / "model"),
-            "--epochs",
-            "12",
-        ],
-        _env(),
+    launcher = launch(
+        "--workers",
+        "2",
+        "--ps",
+        "1",
+        "--",
+        "--data",
+        sample_data,
+        "--model-dir",
+        str(tmp_path / "model"),
+        "--epochs",
+        "12",
     )
     try:
         code = launcher.finish(400)
@@ -66,24 +60,18 @@ def test_chief_ps_and_two_workers_train_and_all_exit_zero(sample_data, tmp_path)
 
 @pytest.mark.slow
 def test_killing_a_worker_mid_training_lets_the_chief_finish(sample_data, tmp_path):
-    launcher = Streamed(
-        [
-            sys.executable,
-            "-m",
-            "trainer.launch",
-            "--workers",
-            "2",
-            "--ps",
-            "1",
-            "--",
-            "--data",
-            sample_data,
-            "--model-dir",
-            str(tmp_path / "model"),
-            "--epochs",
-            "8",
-        ],
-        _env(),
+    launcher = launch(
+        "--workers",
+        "2",
+        "--ps",
+        "1",
+        "--",
+        "--data",
+        sample_data,
+        "--model-dir",
+        str(tmp_path / "model"),
+        "--epochs",
+        "8",
     )
     try:
         pid = int(launcher.wait_for(r"^\[worker 1\] .*server started at \S+ \(pid (\d+)\)", 120).group(1))
