@@ -206,6 +206,7 @@ def pipeline_overhead(work, epochs, compiles):
         ]
     )
     log = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout + result.stderr)
+    (work / "pipeline.log").write_text(log)
     stamps = {}
     for m in re.finditer(r"(\d\d:\d\d:\d\d\.\d+) - INFO - (?:Executing task|Task) '([\w-]+)'", log):
         clock, task = m.group(1), m.group(2)

@@ -177,7 +177,7 @@ def main() -> None:
             "epoch_at_target": hit["epoch"] if hit else None,
             "val_accuracy": [e.get("val_accuracy") for e in run["history"]["epochs"]],
         }
-    section("time to accuracy")
+        section("time to accuracy")
     results["pipeline"] = pipeline_overhead(work, epochs=3 if args.quick else 12, compiles=samples)
     section("pipeline overhead")
     results["bench_seconds"] = time.perf_counter() - started

@@ -199,33 +199,26 @@ def parameter_server_pipeline(
         with_namespace(cluster.set_display_name("create cluster").set_caching_options(False))
         # The chief runs in a one-item loop so that evaluate receives its model as the list the mirrored variant's
         # ParallelFor produces (dsl.Collected works only on loop outputs).
+        every_task = {
+            "dataset": prepared.outputs["dataset"],
+            "cluster": cluster.outputs["cluster"],
+            "run_id": run_id,
+            "status_uri": status_uri,
+            "startup_timeout": startup_timeout,
+            "unschedulable_timeout": unschedulable_timeout,
+            "cluster_mode": cluster_mode,
+        }
         with dsl.ParallelFor([0], name="chief"):
             chief = ops.train_chief(
-                dataset=prepared.outputs["dataset"],
-                cluster=cluster.outputs["cluster"],
-                run_id=run_id,
-                status_uri=status_uri,
                 epochs=epochs,
                 batch_size=batch_size,
                 learning_rate=learning_rate,
-                startup_timeout=startup_timeout,
-                unschedulable_timeout=unschedulable_timeout,
                 tensorboard_dir=tensorboard_dir,
-                cluster_mode=cluster_mode,
+                **every_task,
             )
             training_pod(chief.set_display_name("train chief").set_caching_options(False), pods)
         with dsl.ParallelFor(cluster.outputs["Output"], name="parameter servers and workers") as task:
-            server = ops.train_server(
-                dataset=prepared.outputs["dataset"],
-                cluster=cluster.outputs["cluster"],
-                task=task,
-                run_id=run_id,
-                status_uri=status_uri,
-                startup_timeout=startup_timeout,
-                unschedulable_timeout=unschedulable_timeout,
-                chief_timeout=chief_timeout,
-                cluster_mode=cluster_mode,
-            )
+            server = ops.train_server(task=task, chief_timeout=chief_timeout, **every_task)
             training_pod(server.set_display_name("ps or worker").set_caching_options(False), pods)
         serving = Serving(serving_name, serving_timeout, serving_runtime_version)
         models = dsl.Collected(chief.outputs["model"])
