@@ -1,6 +1,7 @@
 """What `make bench` writes: the goals and their verdicts, the Markdown page and the throughput plot."""
 
 import operator
+import statistics
 
 
 def plot(results, path):
@@ -38,19 +39,28 @@ GOALS = {
 
 def reference(results):
     """The honest baseline: plain Keras in one process given the trainer's own steps_per_execution."""
-    return results["throughput"][f"baseline, steps_per_execution {results['steps_per_execution']}"][
-        "examples_per_second"
-    ]
+    return results["throughput"][f"baseline, steps_per_execution {results['steps_per_execution']}"]
+
+
+def ratio(results, name):
+    """NAME's throughput over the reference: the median of the per-round ratios when both ran in the same rounds.
+
+    Pairing each run with the reference run of its own round cancels the machine's drift between rounds; a row
+    measured once is divided by the reference's median run.
+    """
+    row, base = results["throughput"][name], reference(results)
+    if row.get("samples") and len(row["samples"]) == len(base.get("samples") or ()):
+        return statistics.median(a / b for a, b in zip(row["samples"], base["samples"], strict=True))
+    return row["examples_per_second"] / base["examples_per_second"]
 
 
 def goal_values(results):
     """The measured value behind each goal (None when this run did not measure it)."""
-    base = reference(results)
     one = results["throughput"]["1 worker"]["examples_per_second"]
     tta = results.get("time_to_accuracy")
     return {
-        "one_worker_ratio": one / base,
-        "two_worker_ratio": results["throughput"]["2 workers"]["examples_per_second"] / base,
+        "one_worker_ratio": ratio(results, "1 worker"),
+        "two_worker_ratio": ratio(results, "2 workers"),
         "input_pipeline_ratio": results["input_pipeline_examples_per_second"] / one,
         "fashion_accuracy": tta["final_accuracy"] if tta else None,
         "pipeline_overhead_seconds": results["pipeline"]["overhead_seconds"],
@@ -78,7 +88,6 @@ def goals_met(results):
 def markdown(results):
     """The results page: goals, throughput and scaling, where the time goes, time to accuracy, pipeline overhead."""
     r = results
-    base = reference(r)
     lines = [
         f"# Benchmarks ({r['mode']} run)",
         "",
@@ -87,9 +96,11 @@ def markdown(results):
         f"({r['machine']['processor']}), TensorFlow {r['machine']['tensorflow']}, no GPU. Dataset: {r['dataset']} "
         f"({r['train_examples']} training examples). Throughput runs: {r['epochs']} epochs of "
         f"{r['examples_per_epoch']} examples, "
-        "batch 64 per worker unless stated, examples/s averaged over the epochs after the first; the two baselines, "
-        f"1 worker and 2 workers ran {r['repeats']} time(s) in turn and the median run is shown (all samples in the "
-        f"JSON). The trainer runs {r['steps_per_execution']} steps per call of its compiled step function (its "
+        "batch 64 per worker unless stated, examples/s averaged over the epochs after the first. The same-settings "
+        f"baseline, 1 worker and 2 workers ran {r['repeats']} time(s) in turn (A B C, A B C, ...): the table shows "
+        "each one's median run, and its ratio is the median of its per-round ratios to the baseline of the same "
+        "round, which cancels the machine's drift between rounds; all samples are in the JSON. The other rows ran "
+        f"once. The trainer runs {r['steps_per_execution']} steps per call of its compiled step function (its "
         "default `--steps-per-execution`). The reference for every ratio is plain Keras in one process on in-memory "
         f'arrays given the same setting (the row "baseline, steps_per_execution {r["steps_per_execution"]}"); the '
         'row "baseline" is plain Keras with its own default of 1. All numbers come from this one run on this one '
@@ -110,7 +121,7 @@ def markdown(results):
     for name, row in r["throughput"].items():
         n = {"1 worker": 1, "2 workers": 2, "3 workers": 3}.get(name)
         eff = f"{row['examples_per_second'] / (n * one):.2f}" if n else "–"
-        lines.append(f"| {name} | {row['examples_per_second']:.0f} | {row['examples_per_second'] / base:.2f} | {eff} |")
+        lines.append(f"| {name} | {row['examples_per_second']:.0f} | {ratio(r, name):.2f} | {eff} |")
     lines += [
         "",
         "One worker trains under TensorFlow's default strategy, as plain Keras does, with the same model, batch and "

@@ -9,6 +9,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_DIR = ROOT / "data" / "mnist-sample"
 
 
+def trainer_args(data, model_dir, *extra: str) -> list[str]:
+    """The trainer's own flags: `--data DATA --model-dir MODEL_DIR` then EXTRA."""
+    return ["--data", str(data), "--model-dir", str(model_dir), *extra]
+
+
 def run_module(module: str, *args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """Runs `python -m module args...` from the repo root and returns the finished process (text output)."""
     full_env = dict(os.environ)
@@ -39,20 +44,8 @@ def undisturbed_two_workers(sample_data, tmp_path_factory):
     scratch = base / "scratch"
     scratch.mkdir()
     model_dir = base / "model"
-    result = run_module(
-        "trainer.launch",
-        "--workers",
-        "2",
-        "--",
-        "--data",
-        sample_data,
-        "--model-dir",
-        str(model_dir),
-        "--epochs",
-        "10",
-        env={"TMPDIR": str(scratch)},
-        timeout=400,
-    )
+    args = trainer_args(sample_data, model_dir, "--epochs", "10")
+    result = run_module("trainer.launch", "--workers", "2", "--", *args, env={"TMPDIR": str(scratch)}, timeout=400)
     return model_dir, scratch, result
 
 

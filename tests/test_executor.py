@@ -83,15 +83,15 @@ def run_executor(spec, component, parameters, inputs, outputs, workdir):
     return result, json.loads(output_file.read_text()) if output_file.exists() else None
 
 
+def _create_cluster(spec, tmp_path, num_workers):
+    """create_cluster through KFP's executor; its cluster artifact goes to TMP_PATH/cluster."""
+    parameters = {"run_id": "run-1", "num_workers": num_workers, "cluster_mode": "local", "port": 2222}
+    cluster = _artifact(tmp_path / "cluster", "system.Artifact", "cluster")
+    return run_executor(spec, "create_cluster", parameters, {}, {"cluster": cluster}, tmp_path)
+
+
 def test_create_cluster_returns_integer_worker_indices(spec, tmp_path):
-    result, out = run_executor(
-        spec,
-        "create_cluster",
-        {"run_id": "run-1", "num_workers": 2, "cluster_mode": "local", "port": 2222},
-        {},
-        {"cluster": _artifact(tmp_path / "cluster", "system.Artifact", "cluster")},
-        tmp_path,
-    )
+    result, out = _create_cluster(spec, tmp_path, num_workers=2)
     assert result.returncode == 0, result.stderr[-2000:]
     assert out["parameterValues"]["Output"] == [0, 1]
     assert all(type(i) is int for i in out["parameterValues"]["Output"]), "numbers, as the NUMBER_INTEGER loop item"
@@ -103,14 +103,7 @@ def test_create_cluster_returns_integer_worker_indices(spec, tmp_path):
 def test_a_worker_takes_its_index_as_the_driver_delivers_it_and_evaluate_takes_the_collected_models(
     spec, sample_data, tmp_path
 ):
-    result, _ = run_executor(
-        spec,
-        "create_cluster",
-        {"run_id": "run-1", "num_workers": 1, "cluster_mode": "local", "port": 2222},
-        {},
-        {"cluster": _artifact(tmp_path / "cluster", "system.Artifact", "cluster")},
-        tmp_path,
-    )
+    result, _ = _create_cluster(spec, tmp_path, num_workers=1)
     assert result.returncode == 0, result.stderr[-2000:]
     worker_inputs = {
         "dataset": [_artifact(sample_data, "system.Dataset", "dataset")],
@@ -160,14 +153,7 @@ def test_a_worker_takes_its_index_as_the_driver_delivers_it_and_evaluate_takes_t
 
 def test_a_worker_given_the_index_as_text_fails_with_one_line_as_bad_input(spec, sample_data, tmp_path):
     """What the old YAML's STRING loop item would have done, had the driver let it through."""
-    result, _ = run_executor(
-        spec,
-        "create_cluster",
-        {"run_id": "run-1", "num_workers": 1, "cluster_mode": "local", "port": 2222},
-        {},
-        {"cluster": _artifact(tmp_path / "cluster", "system.Artifact", "cluster")},
-        tmp_path,
-    )
+    result, _ = _create_cluster(spec, tmp_path, num_workers=1)
     assert result.returncode == 0, result.stderr[-2000:]
     spec = yaml.safe_load(yaml.safe_dump(spec))
     spec["components"]["comp-train-worker"]["inputDefinitions"]["parameters"]["worker_index"]["parameterType"] = (

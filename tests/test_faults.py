@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, trainer_args
 from trainer.cluster import build_tf_config
 from trainer.evaluate import run as evaluate
 from trainer.launch import free_ports
@@ -24,9 +24,9 @@ def _env(extra=None):
     return env
 
 
-def launch(*args: str) -> "Streamed":
-    """`trainer-launch ARGS` with its merged output collected line by line."""
-    return Streamed([sys.executable, "-m", "trainer.launch", *args], _env())
+def launch(*args: str, env: dict | None = None) -> "Streamed":
+    """`trainer-launch ARGS` with its merged output collected line by line; ENV added to the environment."""
+    return Streamed([sys.executable, "-m", "trainer.launch", *args], _env(env))
 
 
 class Streamed:
@@ -69,21 +69,10 @@ class Streamed:
 def test_a_peer_killed_mid_training_makes_both_workers_restart_in_place_and_finish(
     sample_data, undisturbed_two_workers, tmp_path
 ):
-    launcher = launch(
-        "--workers",
-        "2",
-        "--max-restarts",
-        "1",
-        "--",
-        "--data",
-        sample_data,
-        "--model-dir",
-        str(tmp_path / "model"),
-        "--epochs",
-        "10",
-        "--checkpoint-dir",
-        str(tmp_path / "checkpoints"),
+    args = trainer_args(
+        sample_data, tmp_path / "model", "--epochs", "10", "--checkpoint-dir", str(tmp_path / "checkpoints")
     )
+    launcher = launch("--workers", "2", "--max-restarts", "1", "--", *args)
     try:
         pid = int(launcher.wait_for(r"^\[worker 1\] .*cluster formed: .*\(pid (\d+)\)", 120).group(1))
         launcher.wait_for(r"^\[worker 1\] .*epoch 3:", 180)
@@ -117,17 +106,7 @@ def test_peer_that_dies_and_is_not_restarted_fails_the_survivor_naming_it(sample
     addresses = [f"localhost:{p}" for p in ports]
     workers = [
         Streamed(
-            [
-                sys.executable,
-                "-m",
-                "trainer.train",
-                "--data",
-                sample_data,
-                "--model-dir",
-                str(tmp_path / "model"),
-                "--epochs",
-                "30",
-            ],
+            [sys.executable, "-m", "trainer.train", *trainer_args(sample_data, tmp_path / "model", "--epochs", "30")],
             _env({"TF_CONFIG": json.dumps(build_tf_config(addresses, "worker", i))}),
         )
         for i in range(2)
@@ -154,17 +133,7 @@ def test_unresolvable_peer_fails_within_the_timeout_naming_it(sample_data, tmp_p
     tf_config = build_tf_config([f"localhost:{port}", "tfw-missing.nowhere.invalid:2222"], "worker", 0)
     start = time.monotonic()
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "trainer.train",
-            "--data",
-            sample_data,
-            "--model-dir",
-            str(tmp_path / "m"),
-            "--startup-timeout",
-            "6",
-        ],
+        [sys.executable, "-m", "trainer.train", *trainer_args(sample_data, tmp_path / "m", "--startup-timeout", "6")],
         cwd=ROOT,
         env=_env({"TF_CONFIG": json.dumps(tf_config)}),
         capture_output=True,

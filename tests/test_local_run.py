@@ -14,6 +14,12 @@ def _summary(stdout):
     return dict(re.findall(r"^(\w[\w ]*): (.+)$", stdout.split("pipeline finished in", 1)[1], re.M))
 
 
+def _one_epoch_run(output_dir, publish_uri, min_accuracy):
+    """A 2-worker, 1-epoch local pipeline run whose gate asks MIN_ACCURACY."""
+    where = ["--output-dir", str(output_dir), "--publish-uri", str(publish_uri)]
+    return _script("--local", "--num-workers", "2", "--epochs", "1", "--min-accuracy", min_accuracy, *where)
+
+
 @pytest.mark.slow
 def test_local_pipeline_end_to_end(tmp_path):
     from tests.test_tensorboard import TRAIN_TAGS, read_scalars
@@ -52,19 +58,7 @@ def test_local_pipeline_end_to_end(tmp_path):
     assert latest["lineage"]["dataset"] == "sample" and latest["lineage"]["parameters"]["num_workers"] == 2
     assert latest["lineage"]["run_id"] == history["run_id"] != ""
 
-    worse = _script(
-        "--local",
-        "--num-workers",
-        "2",
-        "--epochs",
-        "1",
-        "--min-accuracy",
-        "0.5",
-        "--output-dir",
-        str(tmp_path / "run2"),
-        "--publish-uri",
-        str(published),
-    )
+    worse = _one_epoch_run(tmp_path / "run2", str(published), min_accuracy="0.5")
     assert worse.returncode == 0, worse.stderr[-3000:]
     worse_accuracy = float(_summary(worse.stdout)["test accuracy"])
     assert 0.5 <= worse_accuracy < accuracy
@@ -79,19 +73,7 @@ def test_local_pipeline_end_to_end(tmp_path):
 
 @pytest.mark.slow
 def test_failed_quality_gate_publishes_nothing_and_the_run_succeeds(tmp_path):
-    result = _script(
-        "--local",
-        "--num-workers",
-        "2",
-        "--epochs",
-        "1",
-        "--min-accuracy",
-        "0.999",
-        "--output-dir",
-        str(tmp_path / "run"),
-        "--publish-uri",
-        str(tmp_path / "published"),
-    )
+    result = _one_epoch_run(tmp_path / "run", str(tmp_path / "published"), min_accuracy="0.999")
     assert result.returncode == 0, result.stderr[-3000:]
     summary = _summary(result.stdout)
     assert summary["publish"].startswith("not published: accuracy") and "is below the gate 0.9990" in summary["publish"]

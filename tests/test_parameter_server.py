@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from tests.conftest import trainer_args
 from tests.test_faults import Streamed, _env, launch
 from trainer import ps
 from trainer.cluster import build_tf_config, make_cluster
@@ -28,29 +29,58 @@ def _processes_alive(pids):
     return alive
 
 
-@pytest.mark.slow
-def test_chief_ps_and_two_workers_train_and_all_exit_zero(sample_data, tmp_path):
-    launcher = launch(
-        "--workers",
-        "2",
-        "--ps",
-        "1",
-        "--",
-        "--data",
-        sample_data,
-        "--model-dir",
-        str(tmp_path / "model"),
-        "--epochs",
-        "12",
+def kill_the_chief(sample_data, tmp_path, status_uri, env):
+    """Starts a chief, ps 0 and workers 0 and 1 on free ports, kills the chief after epoch 2.
+
+    Returns:
+        (processes by (job, index), exit codes of all but the chief, seconds from the kill to the last exit).
+    """
+    ports = free_ports(4)
+    spec = make_cluster(
+        [f"localhost:{ports[1]}", f"localhost:{ports[2]}"], chief=f"localhost:{ports[0]}", ps=[f"localhost:{ports[3]}"]
     )
+    args = trainer_args(sample_data, tmp_path / "model", "--epochs", "30", "--strategy", "parameter_server")
+    args += ["--status-uri", status_uri, "--chief-timeout", "8"]
+    procs = {
+        (job, i): Streamed(
+            [sys.executable, "-m", "trainer.train", *args],
+            _env({**env, "TF_CONFIG": json.dumps(build_tf_config(spec, job, i))}),
+        )
+        for job, i in (("chief", 0), ("ps", 0), ("worker", 0), ("worker", 1))
+    }
     try:
-        code = launcher.finish(400)
+        procs[("chief", 0)].wait_for(r"epoch 2:", 180)
+        procs[("chief", 0)].proc.kill()
+        killed_at = time.monotonic()
+        codes = {key: p.finish(60) for key, p in procs.items() if key[0] != "chief"}
+        elapsed = time.monotonic() - killed_at
+    finally:
+        for p in procs.values():
+            p.kill()
+    return procs, codes, elapsed
+
+
+def finish_ps_job(args, timeout, env=None):
+    """Runs a chief, 1 ps and 2 workers through trainer-launch with the trainer's ARGS; all must finish cleanly.
+
+    Returns:
+        The launcher's merged output.
+    """
+    launcher = launch("--workers", "2", "--ps", "1", "--", *args, env=env)
+    try:
+        code = launcher.finish(timeout)
     finally:
         launcher.kill()
     text = "\n".join(launcher.lines)
     assert code == 0, text[-4000:]
     for label in ("ps 0", "worker 0", "worker 1"):
         assert re.search(rf"^\[{label}\] .*the chief finished successfully; exiting", text, re.M), label
+    return text
+
+
+@pytest.mark.slow
+def test_chief_ps_and_two_workers_train_and_all_exit_zero(sample_data, tmp_path):
+    text = finish_ps_job(trainer_args(sample_data, tmp_path / "model", "--epochs", "12"), timeout=400)
     pids = [int(p) for p in re.findall(r"server started at \S+ \(pid (\d+)\)", text)]
     assert len(pids) == 3 and _processes_alive(pids) == [], "no process is left running"
     history = json.loads((tmp_path / "model" / "history.json").read_text())
@@ -61,17 +91,7 @@ def test_chief_ps_and_two_workers_train_and_all_exit_zero(sample_data, tmp_path)
 @pytest.mark.slow
 def test_killing_a_worker_mid_training_lets_the_chief_finish(sample_data, tmp_path):
     launcher = launch(
-        "--workers",
-        "2",
-        "--ps",
-        "1",
-        "--",
-        "--data",
-        sample_data,
-        "--model-dir",
-        str(tmp_path / "model"),
-        "--epochs",
-        "8",
+        "--workers", "2", "--ps", "1", "--", *trainer_args(sample_data, tmp_path / "model", "--epochs", "8")
     )
     try:
         pid = int(launcher.wait_for(r"^\[worker 1\] .*server started at \S+ \(pid (\d+)\)", 120).group(1))
@@ -89,41 +109,8 @@ def test_killing_a_worker_mid_training_lets_the_chief_finish(sample_data, tmp_pa
 
 @pytest.mark.slow
 def test_killing_the_chief_ends_ps_and_workers_within_the_timeout(sample_data, tmp_path):
-    ports = free_ports(4)
-    spec = make_cluster(
-        [f"localhost:{ports[1]}", f"localhost:{ports[2]}"], chief=f"localhost:{ports[0]}", ps=[f"localhost:{ports[3]}"]
-    )
     status = str(tmp_path / "status.json")
-    common = [
-        "--data",
-        sample_data,
-        "--model-dir",
-        str(tmp_path / "model"),
-        "--epochs",
-        "30",
-        "--strategy",
-        "parameter_server",
-        "--status-uri",
-        status,
-        "--chief-timeout",
-        "8",
-    ]
-    procs = {
-        (job, i): Streamed(
-            [sys.executable, "-m", "trainer.train", *common],
-            _env({"TF_CONFIG": json.dumps(build_tf_config(spec, job, i))}),
-        )
-        for job, i in (("chief", 0), ("ps", 0), ("worker", 0), ("worker", 1))
-    }
-    try:
-        procs[("chief", 0)].wait_for(r"epoch 2:", 180)
-        procs[("chief", 0)].proc.kill()
-        killed_at = time.monotonic()
-        codes = {key: p.finish(60) for key, p in procs.items() if key[0] != "chief"}
-        elapsed = time.monotonic() - killed_at
-    finally:
-        for p in procs.values():
-            p.kill()
+    procs, codes, elapsed = kill_the_chief(sample_data, tmp_path, status, {})
     assert set(codes.values()) == {EXIT_PEER_UNAVAILABLE}, codes
     assert elapsed < 8 + 15
     for key in codes:

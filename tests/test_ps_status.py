@@ -4,19 +4,16 @@ In-process, and from real chief, ps and worker processes, which find the stand-i
 """
 
 import json
-import re
-import sys
 import time
 
 import pytest
 
-from tests.standins.kube import Call, KubeStandIn
-from tests.test_faults import Streamed, _env
+from tests.conftest import trainer_args
+from tests.standins.kube import Call, KubeStandIn, write_kubeconfig
+from tests.test_parameter_server import finish_ps_job, kill_the_chief
 from trainer import k8s, ps, status, steps
-from trainer.cluster import build_tf_config, make_cluster
 from trainer.config import ClusterConfig, RuntimeConfig, TrainConfig
 from trainer.errors import EXIT_PEER_UNAVAILABLE, KubernetesError, PeerUnavailableError
-from trainer.launch import free_ports
 
 pytestmark = pytest.mark.slow  # each test starts a server or a fresh TensorFlow process
 
@@ -108,36 +105,15 @@ def test_kubernetes_mode_puts_the_status_on_the_runs_configmap_and_a_given_uri_w
 
 
 def _kubeconfig(tmp_path, url):
-    path = tmp_path / "kubeconfig"
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "standin", "cluster": {"server": url}}],
-                "users": [{"name": "runner", "user": {"token": "t"}}],
-                "contexts": [{"name": "c", "context": {"cluster": "standin", "user": "runner", "namespace": NS}}],
-                "current-context": "c",
-            }
-        )
-    )
+    path = write_kubeconfig(tmp_path / "kubeconfig", url, NS)
     return {"KUBECONFIG": str(path), "POD_NAMESPACE": NS, "POD_NAME": POD, "KUBERNETES_SERVICE_HOST": ""}
 
 
 def test_chief_ps_and_two_workers_finish_through_the_configmap_and_all_exit_zero(cluster, sample_data, tmp_path):
     standin, url = cluster
     name = status.configmap_name(RUN_ID)
-    args = ["--workers", "2", "--ps", "1", "--", "--data", sample_data, "--model-dir", str(tmp_path / "model")]
-    args += ["--epochs", "3", "--run-id", RUN_ID, "--status-uri", f"configmap:{name}"]
-    launcher = Streamed([sys.executable, "-m", "trainer.launch", *args], _env(_kubeconfig(tmp_path, url)))
-    try:
-        code = launcher.finish(300)
-    finally:
-        launcher.kill()
-    text = "\n".join(launcher.lines)
-    assert code == 0, text[-4000:]
-    for label in ("ps 0", "worker 0", "worker 1"):
-        assert re.search(rf"^\[{label}\] .*the chief finished successfully; exiting", text, re.M), label
+    args = trainer_args(sample_data, tmp_path / "model", "--epochs", "3", "--run-id", RUN_ID)
+    finish_ps_job([*args, "--status-uri", f"configmap:{name}"], timeout=300, env=_kubeconfig(tmp_path, url))
     assert json.loads(standin.get("configmaps", NS, name)["data"]["status.json"])["state"] == "succeeded"
     assert not (tmp_path / "model.status.json").exists(), "no status file: the servers read the ConfigMap"
     assert (tmp_path / "model" / "saved_model" / "saved_model.pb").is_file()
@@ -145,29 +121,7 @@ def test_chief_ps_and_two_workers_finish_through_the_configmap_and_all_exit_zero
 
 def test_killing_the_chief_ends_ps_and_workers_with_138_within_the_timeout(cluster, sample_data, tmp_path):
     standin, url = cluster
-    ports = free_ports(4)
-    spec = make_cluster(
-        [f"localhost:{ports[1]}", f"localhost:{ports[2]}"], chief=f"localhost:{ports[0]}", ps=[f"localhost:{ports[3]}"]
-    )
-    common = ["--data", sample_data, "--model-dir", str(tmp_path / "model"), "--epochs", "30"]
-    common += ["--strategy", "parameter_server", "--status-uri", "configmap:ps-status", "--chief-timeout", "8"]
-    env = _kubeconfig(tmp_path, url)
-    procs = {
-        (job, i): Streamed(
-            [sys.executable, "-m", "trainer.train", *common],
-            _env({**env, "TF_CONFIG": json.dumps(build_tf_config(spec, job, i))}),
-        )
-        for job, i in (("chief", 0), ("ps", 0), ("worker", 0), ("worker", 1))
-    }
-    try:
-        procs[("chief", 0)].wait_for(r"epoch 2:", 180)
-        procs[("chief", 0)].proc.kill()
-        killed_at = time.monotonic()
-        codes = {key: p.finish(60) for key, p in procs.items() if key[0] != "chief"}
-        elapsed = time.monotonic() - killed_at
-    finally:
-        for p in procs.values():
-            p.kill()
+    procs, codes, elapsed = kill_the_chief(sample_data, tmp_path, "configmap:ps-status", _kubeconfig(tmp_path, url))
     assert set(codes.values()) == {EXIT_PEER_UNAVAILABLE}, codes
     assert elapsed < 8 + 15
     for key in codes:

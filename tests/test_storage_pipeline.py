@@ -1,7 +1,5 @@
 """Storage on a cluster: the checkpoint volume (ReadWriteMany only) and what the compiled YAML carries."""
 
-import json
-
 import pytest
 import yaml
 from kfp.dsl import Artifact, Dataset, Model
@@ -9,7 +7,7 @@ from kfp.dsl import Artifact, Dataset, Model
 import components
 from pipelines.cli import compile_pipeline
 from pipelines.storage import StorageSettings
-from tests.standins.kube import KubeStandIn
+from tests.standins.kube import KubeStandIn, write_kubeconfig
 from trainer import checkpoints, k8s
 from trainer.config import RuntimeConfig, TrainConfig
 from trainer.errors import UsageError
@@ -27,19 +25,7 @@ def api(httpserver, monkeypatch, tmp_path):
         standin.add("persistentvolumeclaims", NS, {"metadata": {"name": name}, "spec": {"accessModes": modes}})
     monkeypatch.setenv("POD_NAMESPACE", NS)
     url = httpserver.url_for("").rstrip("/")
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "s", "cluster": {"server": url}}],
-                "users": [{"name": "u", "user": {"token": "t"}}],
-                "contexts": [{"name": "c", "context": {"cluster": "s", "user": "u"}}],
-                "current-context": "c",
-            }
-        )
-    )
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", url)
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     return k8s.core_api(host=url)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, trainer_args
 from trainer.cluster import build_tf_config
 from trainer.control import Control
 from trainer.errors import StartupTimeoutError
@@ -98,21 +98,9 @@ def test_the_watchdog_names_the_peer_that_never_came_and_exits_137(sample_data, 
 @pytest.mark.slow
 def test_bad_input_is_never_restarted(tmp_path):
     """A dataset that does not exist is exit 2, once, even with restarts allowed."""
+    args = trainer_args(tmp_path / "nowhere", tmp_path / "model")
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "trainer.launch",
-            "--workers",
-            "2",
-            "--max-restarts",
-            "3",
-            "--",
-            "--data",
-            str(tmp_path / "nowhere"),
-            "--model-dir",
-            str(tmp_path / "model"),
-        ],
+        [sys.executable, "-m", "trainer.launch", "--workers", "2", "--max-restarts", "3", "--", *args],
         cwd=ROOT,
         env=_env(),
         capture_output=True,

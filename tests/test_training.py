@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import run_module
+from tests.conftest import run_module, trainer_args
 from trainer.evaluate import compute_metrics
 from trainer.evaluate import run as evaluate
 from trainer.launch import free_ports
@@ -18,18 +18,9 @@ from trainer.launch import free_ports
 def _launch(workers, sample_data, model_dir, tmp_path, *extra):
     scratch = tmp_path / "scratch"
     scratch.mkdir()
+    args = trainer_args(sample_data, model_dir, *extra)
     result = run_module(
-        "trainer.launch",
-        "--workers",
-        str(workers),
-        "--",
-        "--data",
-        sample_data,
-        "--model-dir",
-        str(model_dir),
-        *extra,
-        env={"TMPDIR": str(scratch)},
-        timeout=400,
+        "trainer.launch", "--workers", str(workers), "--", *args, env={"TMPDIR": str(scratch)}, timeout=400
     )
     return result, scratch
 
@@ -84,21 +75,8 @@ def test_one_process_without_tf_config(sample_data, tmp_path):
 def test_launcher_stops_the_others_when_one_fails(sample_data, tmp_path):
     """A bad flag: the first worker to fail exits 2 at once and the launcher stops the other instead of waiting."""
     start = time.monotonic()
-    result = run_module(
-        "trainer.launch",
-        "--workers",
-        "2",
-        "--grace",
-        "3",
-        "--",
-        "--data",
-        sample_data,
-        "--model-dir",
-        str(tmp_path / "model"),
-        "--epochs",
-        "0",
-        timeout=120,
-    )
+    args = trainer_args(sample_data, tmp_path / "model", "--epochs", "0")
+    result = run_module("trainer.launch", "--workers", "2", "--grace", "3", "--", *args, timeout=120)
     assert result.returncode == 2
     assert re.search(
         r"error: worker \d failed with exit code 2: .*epochs 0 is not allowed; allowed: an integer from 1 to "

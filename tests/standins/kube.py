@@ -19,9 +19,11 @@ share the one state object.
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import uuid
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from werkzeug import Request, Response
@@ -219,3 +221,18 @@ class KubeStandIn(ApiHandlers):
             except Failure as failure:
                 return respond(failure.body, failure.body["code"])
             return respond(body, code)
+
+
+def write_kubeconfig(path: Path, url: str, namespace: str | None = None) -> Path:
+    """A kubeconfig at PATH for the stand-in at URL (token auth), with NAMESPACE as the context's namespace if given."""
+    context = {"cluster": "standin", "user": "runner", **({"namespace": namespace} if namespace else {})}
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "standin", "cluster": {"server": url}}],
+        "users": [{"name": "runner", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": context}],
+        "current-context": "c",
+    }
+    path.write_text(json.dumps(config))
+    return path
