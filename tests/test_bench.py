@@ -16,7 +16,7 @@ def bench():
 
     from bench import measure, report
 
-    return SimpleNamespace(**vars(measure), **{k: v for k, v in vars(report).items() if not k.startswith("__")})
+    return SimpleNamespace(**{**vars(measure), **vars(report)})
 
 
 def _results(mode):
@@ -87,3 +87,11 @@ def test_the_recorded_full_run_measured_every_goal_and_the_accuracy_goal_holds(b
         True,
     )
     assert results["machine"]["cores"] >= 2
+
+
+def test_a_ratio_pairs_each_run_with_the_baseline_of_its_own_round(bench):
+    results = _synthetic(two_workers=900.0, accuracy=0.93, overhead=10.0)
+    results["throughput"]["baseline, steps_per_execution 32"]["samples"] = [800.0, 1000.0, 1200.0]
+    results["throughput"]["1 worker"]["samples"] = [780.0, 990.0, 1300.0]
+    assert bench.ratio(results, "1 worker") == pytest.approx(0.99), "median of 0.975, 0.99 and 1.083"
+    assert bench.ratio(results, "2 workers") == pytest.approx(0.9), "measured once: over the baseline's median run"
