@@ -95,3 +95,10 @@ def test_a_ratio_pairs_each_run_with_the_baseline_of_its_own_round(bench):
     results["throughput"]["1 worker"]["samples"] = [780.0, 990.0, 1300.0]
     assert bench.ratio(results, "1 worker") == pytest.approx(0.99), "median of 0.975, 0.99 and 1.083"
     assert bench.ratio(results, "2 workers") == pytest.approx(0.9), "measured once: over the baseline's median run"
+
+
+def test_a_quick_run_does_not_judge_the_throughput_goals(bench):
+    quick = dict(_synthetic(two_workers=500.0, accuracy=0.93, overhead=10.0), mode="quick")
+    goals = bench.goals_met(quick)
+    assert not any("plain Keras" in goal for goal in goals), goals
+    assert "plain Keras" in " ".join(bench.goals_met(dict(quick, mode="full")))
