@@ -57,8 +57,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = parser.parse_args()
-    before_main = process_age()
-    started = time.perf_counter() - before_main
+    main_started, before_main = time.perf_counter(), process_age()
+    started = main_started - before_main
     print(f"bench started {datetime.now(timezone.utc):%H:%M:%S} UTC", flush=True)
     mode = "quick" if args.quick else "full"
     out = Path(args.out)
@@ -105,7 +105,7 @@ def main() -> None:
         },
     }
     sections = results["section_seconds"] = {"python start-up": before_main}
-    mark = started + before_main
+    mark = main_started
 
     def section(name):
         nonlocal mark

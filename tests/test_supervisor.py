@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT, trainer_args
+from tests.conftest import ROOT, run_module, trainer_args
 from trainer.cluster import build_tf_config
 from trainer.control import Control
 from trainer.errors import StartupTimeoutError
@@ -99,14 +99,8 @@ def test_the_watchdog_names_the_peer_that_never_came_and_exits_137(sample_data, 
 def test_bad_input_is_never_restarted(tmp_path):
     """A dataset that does not exist is exit 2, once, even with restarts allowed."""
     args = trainer_args(tmp_path / "nowhere", tmp_path / "model")
-    result = subprocess.run(
-        [sys.executable, "-m", "trainer.launch", "--workers", "2", "--max-restarts", "3", "--", *args],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    quiet = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+    result = run_module("trainer.launch", "--workers", "2", "--max-restarts", "3", "--", *args, env=quiet, timeout=180)
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
     assert "restart" not in result.stdout + result.stderr
     lines = [line for line in result.stdout.splitlines() if "has no metadata.json" in line]
