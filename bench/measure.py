@@ -83,7 +83,7 @@ def input_pipeline_rate(data_dir, meta):
     from trainer.inputs import train_dataset
 
     steps = meta["splits"]["train"]["num_examples"] // 64
-    ds = train_dataset(data_dir, meta, DataConfig(), 64, steps, 1, 0, tf.Variable(0, dtype=tf.int64))
+    ds = train_dataset(data_dir, meta, DataConfig(), 64, steps, 1, 0, 0)
     iterator = iter(ds)
 
     @tf.function

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -97,7 +98,7 @@ def test_a_peer_killed_mid_training_makes_both_workers_restart_in_place_and_fini
     resumed = evaluate(str(tmp_path / "model"), sample_data)["accuracy"]
     undisturbed = evaluate(str(undisturbed_two_workers[0]), sample_data)["accuracy"]
     assert abs(resumed - undisturbed) <= 0.005, (resumed, undisturbed)
-    assert not os.listdir(tmp_path / "checkpoints"), "BackupAndRestore removes its checkpoints after success"
+    assert not os.listdir(tmp_path / "checkpoints"), "every worker removes its checkpoints after success"
 
 
 @pytest.mark.slow
@@ -143,3 +144,48 @@ def test_unresolvable_peer_fails_within_the_timeout_naming_it(sample_data, tmp_p
     assert result.returncode == 137, "the supervisor's start-up watchdog fired"
     assert "worker 1 at tfw-missing.nowhere.invalid:2222 (name does not resolve)" in result.stderr
     assert time.monotonic() - start < 60
+
+
+def _epochs_run(lines, label):
+    return [int(e) for e in re.findall(rf"^\[{label}\] .*epoch (\d+): ", "\n".join(lines), re.M)]
+
+
+@pytest.mark.slow
+def test_whole_worker_processes_killed_are_replaced_and_every_worker_resumes_after_the_last_finished_epoch(
+    sample_data, tmp_path
+):
+    """The local model of lost pods: worker 1's whole process killed, then the chief's with its disk wiped."""
+    model = tmp_path / "model"
+    launcher = launch("--workers", "2", "--max-restarts", "2", "--", *trainer_args(sample_data, model, "--epochs", "8"))
+    try:
+        pids = {i: int(launcher.wait_for(rf"started worker {i} \(pid (\d+)\)", 60).group(1)) for i in (0, 1)}
+        launcher.wait_for(r"^\[worker 1\] .*epoch 2: ", 180)
+        os.kill(pids[1], signal.SIGKILL)  # its supervisor: the training process dies with it, like a lost pod
+        launcher.wait_for(r"worker 1 was killed by signal 9 .*starting a replacement \(1 of 2\)", 60)
+        for worker in (0, 1):
+            launcher.wait_for(rf"^\[worker {worker}\] .*resuming from the checkpoint: epochs 1-2 are done", 180)
+        launcher.wait_for(r"^\[worker 0\] .*epoch 5: ", 180)
+        os.kill(pids[0], signal.SIGKILL)
+        shutil.rmtree(model.parent / "model.backup" / "worker-0")  # the replaced pod's disk is empty
+        for worker in (0, 1):
+            launcher.wait_for(rf"^\[worker {worker}\] .*resuming from the checkpoint: epochs 1-5 are done", 180)
+        code = launcher.finish(300)
+    finally:
+        launcher.kill()
+    text = "\n".join(launcher.lines)
+    assert code == 0, text[-4000:]
+    assert re.search(
+        r"^\[worker 0\] .*worker 0: fetching the checkpoint of epoch 5 from the supervisor at ",
+        text,
+        re.M,
+    )
+    assert re.search(r"worker 0: generation \d resumes after epoch 5 \(checkpoint: handed over by localhost:", text)
+    assert re.search(r"worker 1: generation \d resumes after epoch 5 \(checkpoint: its own\)", text)
+    assert not re.search(r"resum\w* .*epoch 1\b|from scratch", text), "nobody starts again from epoch 1"
+    for label in ("worker 0", "worker 1"):
+        epochs = _epochs_run(launcher.lines, label)
+        assert sorted(set(epochs)) == list(range(1, 9)) and epochs[-3:] == [6, 7, 8], (label, epochs)
+    history = json.loads((model / "history.json").read_text())
+    assert [e["epoch"] for e in history["epochs"]] == list(range(1, 9)), "the history carries the resumed epochs"
+    assert evaluate(str(model), sample_data)["accuracy"] >= 0.95
+    assert not (model.parent / "model.backup").exists(), "every worker removes its checkpoints after success"

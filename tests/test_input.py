@@ -12,9 +12,7 @@ from trainer.records import load_metadata, shard_paths
 
 def _batches(data_dir: str, steps: int, epochs: int) -> tuple:
     meta = load_metadata(data_dir)
-    dataset = train_dataset(
-        data_dir, meta, DataConfig(shuffle_buffer=1000), 50, steps, 1, 0, tf.Variable(0, dtype=tf.int64)
-    )
+    dataset = train_dataset(data_dir, meta, DataConfig(shuffle_buffer=1000), 50, steps, 1, 0, 0)
     return iter(dataset), shard_paths(data_dir, meta, "train")
 
 
@@ -43,6 +41,6 @@ def test_the_stream_is_declared_endless(sample_data):
     """A finite or unknown cardinality makes MultiWorkerMirroredStrategy all-reduce a has-data flag before every "
     "step."""
     meta = load_metadata(sample_data)
-    dataset = train_dataset(sample_data, meta, DataConfig(), 50, 10, 2, 1, tf.Variable(0, dtype=tf.int64))
+    dataset = train_dataset(sample_data, meta, DataConfig(), 50, 10, 2, 1, 0)
     assert dataset.cardinality().numpy() == tf.data.INFINITE_CARDINALITY
     assert len(list(dataset.take(3 * 10))) == 30, "more batches than the configured epochs hold"

@@ -9,6 +9,7 @@ import yaml
 from tests.conftest import ROOT
 from tests.standins.kube import Call, KubeStandIn
 from trainer import k8s
+from trainer.cluster import next_port
 from trainer.errors import KubernetesError, UsageError
 
 RUN_ID = "0b6f5a3e-8c1d-4c53-9b8e-2f1e4d5c6a7b"
@@ -37,7 +38,7 @@ def test_names_are_short_dns_labels_unique_per_run():
         f"{k8s.service_name(RUN_ID, 0)}.team-a.svc:2222",
         f"{k8s.service_name(RUN_ID, 1)}.team-a.svc:2222",
     ]
-    assert k8s.control_address("tfw-r1-0.team-a.svc:2222") == "tfw-r1-0.team-a.svc:2223"
+    assert next_port("tfw-r1-0.team-a.svc:2222") == "tfw-r1-0.team-a.svc:2223"
 
 
 def test_a_task_creates_its_headless_service_owned_by_the_run(standin, api, httpserver):

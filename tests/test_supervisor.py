@@ -11,8 +11,6 @@ import pytest
 
 from tests.conftest import ROOT, run_module, trainer_args
 from trainer.cluster import build_tf_config
-from trainer.control import Control
-from trainer.errors import StartupTimeoutError
 from trainer.launch import free_ports
 
 
@@ -105,28 +103,3 @@ def test_bad_input_is_never_restarted(tmp_path):
     assert "restart" not in result.stdout + result.stderr
     lines = [line for line in result.stdout.splitlines() if "has no metadata.json" in line]
     assert 1 <= len(lines) <= 2, "each worker ran once (the launcher may stop the second before it reads the data)"
-
-
-def test_control_channels_say_when_a_peer_failed_and_hold_the_next_start_until_old_attempts_end():
-    ports = free_ports(2)
-    a, b = Control(ports[0], [f"localhost:{ports[1]}"]), Control(ports[1], [f"localhost:{ports[0]}"])
-    try:
-        a.set(0, "running")
-        b.set(0, "running")
-        assert a.failed_peer(0) is None and b.first_generation() == 0
-        b.set(0, "failed")
-        assert a.failed_peer(0) == f"localhost:{ports[1]}", "a's training process is stopped to restart together"
-        assert a.first_generation() == 1, "a supervisor that comes back joins the next generation"
-        with pytest.raises(
-            StartupTimeoutError,
-            match=rf"restart 1: peers did not stop their previous attempt within "
-            rf"1s: localhost:{ports[0]}",
-        ):
-            b.barrier(1, timeout=1)
-        a.set(0, "failed")
-        b.barrier(1, timeout=5)
-        a.close()
-        assert b.peer_states() == {f"localhost:{ports[0]}": None}, "a supervisor that is gone does not answer"
-    finally:
-        a.close()
-        b.close()

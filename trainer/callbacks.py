@@ -1,4 +1,4 @@
-"""Keras callbacks of the training loop: where a restarted run resumes, and what each epoch took."""
+"""Keras callbacks of the training loop: the checkpoint a restarted or replaced task resumes from; epoch timings."""
 
 from __future__ import annotations
 
@@ -10,38 +10,80 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
-class ResumeEpoch:
-    """A Keras callback, placed after BackupAndRestore, that tells the input pipeline where training resumes.
+class EpochCheckpoints:
+    """A Keras callback that keeps this task's checkpoint of the latest finished epoch in its home (`trainer.resume`).
 
-    `variable` is the epoch the input pipeline starts at: 0 on a fresh run, the next unfinished epoch after
-    BackupAndRestore restored a checkpoint.
+    Every worker writes its own copy after every epoch (under MultiWorkerMirroredStrategy they all take part in a
+    save anyway, and their variables are identical), so any survivor can hand it to a replaced peer. Place it after
+    the ThroughputHistory callback: the manifest carries the per-epoch results, so a resumed run's history lists
+    every epoch, and the epoch's log line is written once its checkpoint is saved.
+
+    Args:
+        model: the compiled model; its variables and its optimizer's (step counter included) are checkpointed.
+        home: this task's `CheckpointHome`.
+        throughput: the run's ThroughputHistory.
     """
 
-    def __init__(self, steps: int) -> None:
+    def __init__(self, model: Any, home: Any, throughput: ThroughputHistory) -> None:
         import tensorflow as tf
         import tf_keras as keras
 
-        self.variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="resume_epoch")
-        variable = self.variable
+        self.home = home
+        throughput.log_epochs = False
+        self.checkpoint = tf.train.Checkpoint(model=model)
+        self._model = model
+        outer = self
 
         class _Callback(keras.callbacks.Callback):
-            def on_train_begin(self, logs=None):
-                epoch, _ = self.model._maybe_load_initial_counters_from_ckpt(steps, 0)
-                variable.assign(int(epoch))
-                if epoch:
-                    log.info(
-                        "resuming from the checkpoint: epochs 1-%d are done, continuing with epoch %d", epoch, epoch + 1
-                    )
+            def on_epoch_end(self, epoch, logs=None):
+                started = time.perf_counter()
+                outer.checkpoint.write(home.prefix(epoch + 1))
+                entry = throughput.epochs[-1]
+                entry["checkpoint_seconds"] = round(time.perf_counter() - started, 3)
+                home.commit(epoch + 1, throughput.epochs)
+                log_epoch(entry)
 
+        self.throughput = throughput
         self.callback = _Callback()
+
+    def restore(self, epoch: int | None) -> int:
+        """Restores the checkpoint after `epoch` before training; returns the number of finished epochs.
+
+        Args:
+            epoch: the epoch the cluster agreed to resume after (0: start afresh); None: this home's latest, as
+                a process with no peers to agree with does.
+
+        Raises:
+            PeerUnavailableError: the agreed checkpoint is not in this home (it was lost after the agreement:
+                retryable, the next attempt agrees again).
+        """
+        from trainer.errors import PeerUnavailableError
+
+        latest = self.home.latest()
+        if epoch is None:
+            epoch = latest.epoch if latest else 0
+        if not epoch:
+            return 0
+        if latest is None or latest.epoch != epoch:
+            raise PeerUnavailableError(
+                f"the checkpoint of epoch {epoch} the cluster agreed on is not in {self.home.uri} "
+                f"(it holds {latest.epoch if latest else 'none'})"
+            )
+        self._model.optimizer.build(self._model.trainable_variables)
+        self.checkpoint.read(self.home.prefix(epoch)).assert_existing_objects_matched()
+        self.throughput.epochs[:] = [dict(e) for e in latest.epochs]
+        done = "epoch 1 is done" if epoch == 1 else f"epochs 1-{epoch} are done"
+        log.info("resuming from the checkpoint: %s, continuing with epoch %d", done, epoch + 1)
+        return epoch
+
+
+def log_epoch(entry: dict[str, Any]) -> None:
+    """The line that says an epoch is finished (and, with checkpoints, saved): `epoch 3: {...}`."""
+    log.info("epoch %d: %s", entry["epoch"], json.dumps(entry))
 
 
 class ThroughputHistory:
-    """Per-epoch loss, accuracy, wall time and examples/s, as a Keras callback; `epochs` holds one dict per epoch.
-
-    `mark` is a second callback to place before the checkpoint callback: the time between it and `callback` at the
-    end of an epoch is recorded as `checkpoint_seconds` (what saving the epoch's checkpoint cost).
-    """
+    """Per-epoch loss, accuracy, wall time and examples/s, as a Keras callback; `epochs` holds one dict per epoch."""
 
     def __init__(self, examples_per_epoch: int) -> None:
         import tf_keras as keras
@@ -64,22 +106,16 @@ class ThroughputHistory:
                     "elapsed": round(now - outer._fit_start, 3),
                     "examples_per_second": round(examples_per_epoch / seconds, 1),
                 }
-                if outer._marked:
-                    entry["checkpoint_seconds"] = round(now - outer._marked, 3)
                 entry.update({k: float(v) for k, v in (logs or {}).items()})
                 outer.epochs.append(entry)
-                log.info("epoch %d: %s", epoch + 1, json.dumps(entry))
-
-        class _Mark(keras.callbacks.Callback):
-            def on_epoch_end(self, epoch, logs=None):
-                outer._marked = time.perf_counter()
+                if outer.log_epochs:
+                    log_epoch(entry)
 
         self.epochs: list[dict[str, Any]] = []
+        self.log_epochs = True
         self._start = 0.0
         self._fit_start = 0.0
-        self._marked = 0.0
         self.callback = _Callback()
-        self.mark = _Mark()
 
 
 def current_learning_rate(optimizer: Any) -> float:

@@ -42,6 +42,12 @@ def split_address(address: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
+def next_port(address: str) -> str:
+    """The same host with the next port: a task's supervisor's control address beside its TF address."""
+    host, port = split_address(address)
+    return f"{host}:{port + 1}"
+
+
 def make_cluster(workers: Sequence[str], chief: str | None = None, ps: Sequence[str] = ()) -> dict[str, list[str]]:
     """Builds a cluster spec from worker addresses and optional chief and parameter-server addresses."""
     cluster: dict[str, list[str]] = {}

@@ -1,31 +1,82 @@
-"""The control channel between the supervisors of a run's workers: how they converge on each restart.
+"""The control channel between the supervisors of a run's workers: how they converge on each (re)start.
 
-Each supervisor serves its generation (how many times its training process has started over) and its state
-(starting, running, failed, done) on a TCP port beside its task's TF port, and asks its peers for theirs.
+Each supervisor serves, on a TCP port beside its task's TF port, its generation (how many times its training
+process has started over), its state and the epoch of its latest checkpoint, and asks its peers for theirs:
+
+    -> {"op": "state"}                 <- {"generation": 1, "state": "formed", "checkpoint": 3}
+    -> {"op": "fetch", "epoch": 3}     <- the checkpoint of epoch 3 (`trainer.resume.CheckpointHome.send`)
+
+States: `starting` (no training process yet: waiting for peers, agreeing where to resume), `running` (the process
+is joining the cluster), `formed` (the cluster formed: training), `failed`, `done`. A supervisor that comes up
+while a peer's cluster has already formed is a replacement for a lost task: it joins the next generation, which
+makes the survivors stop their processes at once and restart together with it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from trainer.cluster import split_address
-from trainer.errors import StartupTimeoutError
+from trainer.errors import PeerUnavailableError, StartupTimeoutError
+
+log = logging.getLogger(__name__)
 
 PEER_POLL_SECONDS = 1.0
+ASK_TIMEOUT = 2.0
+FETCH_TIMEOUT = 60.0
+STATES = ("starting", "running", "formed", "failed", "done")
+LIVE = ("running", "formed")
+
+
+@dataclasses.dataclass(frozen=True)
+class PeerState:
+    """What a supervisor publishes: its generation, its state and the epoch of its latest checkpoint (0: none)."""
+
+    generation: int
+    state: str
+    checkpoint: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The state as it crosses the channel."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> PeerState:
+        """The state a peer sent; ValueError when it is not one."""
+        if not isinstance(data, dict) or data.get("state") not in STATES or not isinstance(data.get("generation"), int):
+            raise ValueError(f"not a supervisor state: {data!r}")
+        return cls(data["generation"], data["state"], int(data.get("checkpoint") or 0))
 
 
 class Control:
-    """This supervisor's generation and state, served on a TCP port, and its view of the peers' supervisors."""
+    """This supervisor's state served on a TCP port, and its view of the peers' supervisors.
 
-    def __init__(self, listen_port: int, peers: Sequence[str]) -> None:
+    Args:
+        listen_port: the port to serve on (all interfaces).
+        peers: the peers' control addresses (`host:port`).
+        checkpoint: returns the epoch of this task's latest checkpoint, read when a peer asks.
+        send_checkpoint: writes the checkpoint of an epoch to a binary stream (`CheckpointHome.send`).
+    """
+
+    def __init__(
+        self,
+        listen_port: int,
+        peers: Sequence[str],
+        checkpoint: Callable[[], int] = lambda: 0,
+        send_checkpoint: Callable[[int, Any], None] | None = None,
+    ) -> None:
         self.peers = list(peers)
         self.generation = 0
         self.state = "starting"
+        self._checkpoint = checkpoint
+        self._send_checkpoint = send_checkpoint
         self._server = socket.create_server(("", listen_port), reuse_port=False)
         self._server.settimeout(0.5)
         self._stop = threading.Event()
@@ -38,11 +89,33 @@ class Control:
                 conn, _ = self._server.accept()
             except (TimeoutError, OSError):
                 continue
-            with conn:
-                try:
-                    conn.sendall(json.dumps({"generation": self.generation, "state": self.state}).encode() + b"\n")
-                except OSError:
-                    pass
+            threading.Thread(target=self._answer, args=(conn,), name="supervisor-control-peer", daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn, conn.makefile("rb") as reader, conn.makefile("wb") as out:
+            try:
+                conn.settimeout(ASK_TIMEOUT)
+                request = json.loads(reader.readline() or b"{}")
+                conn.settimeout(FETCH_TIMEOUT)
+                if request.get("op") == "fetch" and self._send_checkpoint is not None:
+                    try:
+                        self._send_checkpoint(int(request["epoch"]), out)
+                    except FileNotFoundError as err:
+                        out.write(json.dumps({"error": str(err)}).encode() + b"\n")
+                else:
+                    out.write(json.dumps(self.own_state().to_json()).encode() + b"\n")
+                out.flush()
+            except Exception as err:  # noqa: BLE001 - a peer's bad or broken request must not stop the server
+                log.warning("control channel: a request failed: %s", err)
+
+    def own_state(self) -> PeerState:
+        """This supervisor's state, with the epoch of its latest checkpoint read now."""
+        try:
+            checkpoint = self._checkpoint()
+        except Exception as err:  # noqa: BLE001 - an unreadable home counts as no checkpoint
+            log.warning("cannot read this task's checkpoint: %s", err)
+            checkpoint = 0
+        return PeerState(self.generation, self.state, checkpoint)
 
     def set(self, generation: int, state: str) -> None:
         """Publishes this supervisor's generation and state to its peers."""
@@ -54,45 +127,80 @@ class Control:
         self._server.close()
         self._thread.join(timeout=2)
 
-    def peer_states(self) -> dict[str, dict[str, Any] | None]:
-        """Each peer's `{"generation", "state"}`, or None when its supervisor does not answer."""
+    def peer_states(self) -> dict[str, PeerState | None]:
+        """Each peer's state, or None when its supervisor does not answer."""
         return {address: _ask(address) for address in self.peers}
 
     def first_generation(self) -> int:
-        """Where a (re)started supervisor joins: the peers' current generation, or the next after a failed one."""
-        generations = [s["generation"] + (s["state"] == "failed") for s in self.peer_states().values() if s]
+        """Where a (re)started supervisor joins.
+
+        A peer whose cluster formed, or whose attempt failed, is about to start the next generation without this
+        task's old process (a replacement joins that one); a peer that is starting or joining waits for this task
+        (join its generation).
+        """
+        generations = [
+            s.generation + (s.state in ("formed", "failed")) for s in self.peer_states().values() if s is not None
+        ]
         return max(generations, default=0)
 
-    def barrier(self, generation: int, timeout: float) -> None:
-        """Waits until no peer's child of an older generation is still running."""
-        deadline = time.monotonic() + timeout
+    def barrier(self, generation: int, deadline: float) -> dict[str, PeerState]:
+        """Waits until every peer answers and none still runs a training process of an older generation.
+
+        Returns:
+            The peers' states at that moment: none of their checkpoints changes until this generation trains.
+
+        Raises:
+            StartupTimeoutError: `deadline` (a `time.monotonic()` value) passed first; names the peers waited for.
+        """
         while True:
             states = self.peer_states()
-            blocking = [
-                a for a, s in states.items() if s is None or (s["generation"] < generation and s["state"] == "running")
-            ]
+            blocking = [a for a, s in states.items() if s is None or (s.generation < generation and s.state in LIVE)]
             if not blocking:
-                return
+                return {a: s for a, s in states.items() if s is not None}
             if time.monotonic() >= deadline:
-                raise StartupTimeoutError(
-                    f"restart {generation}: peers did not stop their previous attempt within "
-                    f"{timeout:g}s: {', '.join(blocking)}"
-                )
+                silent = [a for a in blocking if states[a] is None]
+                old = [a for a in blocking if states[a] is not None]
+                parts = []
+                if silent:
+                    parts.append("no supervisor answers at " + ", ".join(silent))
+                if old:
+                    parts.append("still running an older attempt: " + ", ".join(old))
+                raise StartupTimeoutError(f"generation {generation}: peers not ready in time: {'; '.join(parts)}")
             time.sleep(PEER_POLL_SECONDS)
 
     def failed_peer(self, generation: int) -> str | None:
         """The first peer whose attempt of this generation failed or that has moved on to a later one."""
         for address, s in self.peer_states().items():
-            if s and (s["generation"] > generation or (s["generation"] == generation and s["state"] == "failed")):
+            if s and (s.generation > generation or (s.generation == generation and s.state == "failed")):
                 return address
         return None
 
+    def fetch(self, address: str, epoch: int, receive: Callable[[Any, str], Any]) -> Any:
+        """Asks the peer at `address` for its checkpoint of `epoch` and hands the stream to `receive`.
 
-def _ask(address: str) -> dict[str, Any] | None:
+        Raises:
+            PeerUnavailableError: the peer cannot be reached or the transfer broke (retryable).
+        """
+        host, port = split_address(address)
+        try:
+            with socket.create_connection((host.strip("[]"), port), timeout=ASK_TIMEOUT) as conn:
+                conn.settimeout(FETCH_TIMEOUT)
+                conn.sendall(json.dumps({"op": "fetch", "epoch": epoch}).encode() + b"\n")
+                with conn.makefile("rb") as stream:
+                    return receive(stream, address)
+        except OSError as err:
+            raise PeerUnavailableError(
+                f"cannot fetch the checkpoint of epoch {epoch} from {address}: {err.strerror or err}"
+            ) from None
+
+
+def _ask(address: str) -> PeerState | None:
     host, port = split_address(address)
     try:
-        with socket.create_connection((host.strip("[]"), port), timeout=1.0) as conn:
-            conn.settimeout(1.0)
-            return json.loads(conn.makefile().readline())
+        with socket.create_connection((host.strip("[]"), port), timeout=ASK_TIMEOUT) as conn:
+            conn.settimeout(ASK_TIMEOUT)
+            conn.sendall(b'{"op": "state"}\n')
+            with conn.makefile("rb") as reader:
+                return PeerState.from_json(json.loads(reader.readline()))
     except (OSError, ValueError):
         return None

@@ -26,14 +26,14 @@ def train_dataset(
     steps: int,
     workers: int,
     rank: int,
-    start_epoch: Any,
+    start_epoch: int,
 ) -> Any:
     """This worker's share of the training data, reshuffled per epoch and globally batched.
 
     Sharding is explicit (whole files when they divide evenly among the workers, else every N-th record), and
     epoch `e` is a fixed function of (seed, e): exactly `steps x batch_size` records shuffled with seed + e. The
-    stream starts at `start_epoch`, a variable set once BackupAndRestore has restored, so a restarted worker
-    sees the same data the uninterrupted run would have.
+    stream starts at `start_epoch` (the finished epochs of a resumed run), so a restarted worker sees the same data
+    the uninterrupted run would have.
 
     Args:
         data_dir: the prepared dataset.
@@ -43,7 +43,7 @@ def train_dataset(
         steps: steps per epoch.
         workers: training workers in the cluster.
         rank: this worker's position among them.
-        start_epoch: a `tf.Variable` holding the first epoch to produce.
+        start_epoch: the first epoch to produce, counted from 0.
 
     Returns:
         An endless dataset of `(float32 images, int64 labels)` global batches.
@@ -81,7 +81,7 @@ def train_dataset(
 
     # Endless, and declared so: with a finite or unknown cardinality MultiWorkerMirroredStrategy all-reduces a
     # "has data" flag across the workers before every step. `fit` ends each epoch after `steps` steps.
-    epochs = tf.data.Dataset.counter().filter(lambda e: e >= start_epoch).flat_map(epoch_block)
+    epochs = tf.data.Dataset.counter(start_epoch).flat_map(epoch_block)
     ds = fill.concatenate(epochs).apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
     ds = ds.batch(batch_size * workers, drop_remainder=True)
     ds = ds.map(lambda x, y: (tf.cast(x, tf.float32), y), num_parallel_calls=tf.data.AUTOTUNE).prefetch(

@@ -17,7 +17,6 @@ import re
 import socket
 from typing import Any
 
-from trainer.cluster import split_address
 from trainer.config import MAX_WORKERS
 from trainer.errors import KubernetesError, UsageError
 
@@ -67,12 +66,6 @@ def check_port(port: int) -> None:
             f"port {port!r} is not allowed; allowed: an integer from 1 to 65534 (the next port is the "
             "supervisor's control port)"
         )
-
-
-def control_address(address: str) -> str:
-    """The supervisor's control address beside a task's TF address: the same host, the next port."""
-    host, port = split_address(address)
-    return f"{host}:{port + 1}"
 
 
 def namespace() -> str:

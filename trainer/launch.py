@@ -83,7 +83,13 @@ def _pump(label: str, stream: IO[bytes], last_error: dict[str, str]) -> None:
 
 
 class WorkerGroup:
-    """Starts and supervises one process per task of a cluster (`{"worker": [...]}` or chief + ps + workers)."""
+    """Starts and supervises one process per task of a cluster (`{"worker": [...]}` or chief + ps + workers).
+
+    A task's process that dies whole, killed by a signal (SIGKILL, the OOM killer), is the local model of a lost
+    pod: with `replacements` left it is started again with the same TF_CONFIG, as Kubernetes re-creates a pod, and
+    its supervisor rejoins the survivors (`trainer.supervisor`). A process that exits with a code of its own has
+    decided for good.
+    """
 
     def __init__(
         self,
@@ -93,6 +99,7 @@ class WorkerGroup:
         tolerate: Sequence[str] = (),
         env: dict[str, str] | None = None,
         control: dict[str, list[str]] | None = None,
+        replacements: int = 0,
     ) -> None:
         self.command = list(command)
         self.cluster = cluster
@@ -105,27 +112,51 @@ class WorkerGroup:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.last_error: dict[str, str] = {}
         self.tolerated: dict[str, int] = {}
+        self.replaced: dict[str, int] = {}
+        self.replacements = replacements
         self._pumps: list[threading.Thread] = []
 
     def start(self) -> None:
         """Starts one process per task, each with its TF_CONFIG."""
+        for position in range(len(self.tasks)):
+            self.procs.append(self._spawn(position))
+
+    def _spawn(self, position: int) -> subprocess.Popen[bytes]:
+        job, index = self.tasks[position]
         threads = max(1, (os.cpu_count() or 1) // len(self.tasks))
-        for (job, index), label in zip(self.tasks, self.labels, strict=True):
-            env = dict(self.env)
-            env["TF_CONFIG"] = json.dumps(build_tf_config(self.cluster, job, index))
-            if self.control:
-                env[CONTROL_ENV] = json.dumps(self.control)
-            env.setdefault("TF_NUM_INTRAOP_THREADS", str(threads))
-            env.setdefault("TF_NUM_INTEROP_THREADS", "2")
-            env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-            env["PYTHONUNBUFFERED"] = "1"
-            proc = subprocess.Popen(
-                self.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-            )
-            self.procs.append(proc)
-            pump = threading.Thread(target=_pump, args=(label, proc.stdout, self.last_error), daemon=True)
-            pump.start()
-            self._pumps.append(pump)
+        env = dict(self.env)
+        env["TF_CONFIG"] = json.dumps(build_tf_config(self.cluster, job, index))
+        if self.control:
+            env[CONTROL_ENV] = json.dumps(self.control)
+        env.setdefault("TF_NUM_INTRAOP_THREADS", str(threads))
+        env.setdefault("TF_NUM_INTEROP_THREADS", "2")
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+        env["PYTHONUNBUFFERED"] = "1"
+        proc = subprocess.Popen(
+            self.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        pump = threading.Thread(target=_pump, args=(self.labels[position], proc.stdout, self.last_error), daemon=True)
+        pump.start()
+        self._pumps.append(pump)
+        log.info("started %s (pid %d)", self.labels[position], proc.pid)
+        return proc
+
+    def _replace(self, position: int, code: int) -> bool:
+        """Starts a new process for a task whose process was killed by signal `-code`, if replacements are left."""
+        label = self.labels[position]
+        used = self.replaced.get(label, 0)
+        if code >= 0 or used >= self.replacements:
+            return False
+        self.replaced[label] = used + 1
+        log.warning(
+            "%s was killed by signal %d (its whole process, as when a pod is lost); starting a replacement (%d of %d)",
+            label,
+            -code,
+            used + 1,
+            self.replacements,
+        )
+        self.procs[position] = self._spawn(position)
+        return True
 
     def wait(self) -> tuple[int, str | None]:
         """Waits until every task has exited or one whose failure is not tolerated fails.
@@ -134,8 +165,11 @@ class WorkerGroup:
         """
         while True:
             codes = [p.poll() for p in self.procs]
-            for (job, _), label, code in zip(self.tasks, self.labels, codes, strict=True):
+            for position, ((job, _), label, code) in enumerate(zip(self.tasks, self.labels, codes, strict=True)):
                 if code in (None, 0) or label in self.tolerated:
+                    continue
+                if self._replace(position, code):
+                    codes[position] = None
                     continue
                 if job in self.tolerate:
                     self.tolerated[label] = _shell_code(code)
@@ -201,8 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         help="each worker restarts its training process in place up to N times after a retryable failure "
-        "(a lost peer, a killed worker); all workers restart together and resume from the last "
-        "finished epoch",
+        "(a lost peer, a killed training process), and a worker whose whole process is killed is replaced up to N "
+        "times, as a lost pod is; all workers restart together and resume after the last finished epoch",
     )
     return p
 
@@ -234,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         args.grace,
         tolerate=("worker",) if args.ps else (),
         control=control,
+        replacements=args.max_restarts,
     )
 
     def interrupted(signum: int, frame: object) -> None:

@@ -15,12 +15,13 @@ from typing import Any
 
 from trainer import cluster as cluster_lib
 from trainer.atomic import check_writable_parent
-from trainer.callbacks import ResumeEpoch, TensorBoardScalars, ThroughputHistory, run_log_dir
+from trainer.callbacks import EpochCheckpoints, TensorBoardScalars, ThroughputHistory, run_log_dir
 from trainer.config import TrainConfig
 from trainer.errors import PeerUnavailableError, UsageError
 from trainer.export import history_record, save_and_discard, save_model
 from trainer.inputs import eval_dataset, train_dataset
 from trainer.records import load_metadata, verify_split
+from trainer.resume import home_for
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ def run(
     datasets: Any = None,
     strategy: Any = None,
     on_formed: Callable[[], None] | None = None,
+    resume_epoch: int | None = None,
 ) -> dict[str, Any]:
     """Trains on `config.runtime.data_dir` and, on the chief, writes the model to `config.runtime.model_dir`.
 
@@ -81,6 +83,8 @@ def run(
         datasets: optional training `tf.data.Dataset` of `(float image, label)` global batches, endless.
         strategy: optional `tf.distribute.Strategy`; by default one built from `tf_config`.
         on_formed: called once the strategy exists, i.e. the cluster has formed (the supervisor's watchdog).
+        resume_epoch: the epoch the cluster's supervisors agreed to resume after (`trainer.resume`; 0: from the
+            start); None: after this task's own latest checkpoint, if any.
 
     Returns:
         The training history (also written to `history.json` by the chief).
@@ -115,9 +119,6 @@ def run(
     steps = config.optim.steps_per_epoch or max(1, meta["splits"]["train"]["num_examples"] // global_batch)
     image_shape = tuple(meta["image_shape"])
     rank = cluster_lib.worker_rank(tf_config)
-    resume = ResumeEpoch(steps)
-    if datasets is None:
-        datasets = train_dataset(runtime.data_dir, meta, config.data, batch_size, steps, workers, rank, resume.variable)
     learning_rate = config.optim.learning_rate * workers**0.5
 
     with strategy.scope():
@@ -132,9 +133,12 @@ def run(
         )
 
     throughput = ThroughputHistory(steps * global_batch)
-    backup_dir = runtime.checkpoint_dir or f"{runtime.model_dir.rstrip('/')}.backup"
-    checkpoints = keras.callbacks.BackupAndRestore(backup_dir=backup_dir)
-    callbacks = [throughput.mark, checkpoints, resume.callback, throughput.callback]
+    home = home_for(config, tf_config)
+    checkpoints = EpochCheckpoints(model, home, throughput)
+    done = checkpoints.restore(resume_epoch)
+    if datasets is None:
+        datasets = train_dataset(runtime.data_dir, meta, config.data, batch_size, steps, workers, rank, done)
+    callbacks = [throughput.callback, checkpoints.callback]
     if chief and runtime.tensorboard_dir:
         callbacks.append(TensorBoardScalars(run_log_dir(runtime.tensorboard_dir, runtime.run_id), throughput).callback)
     log.info(
@@ -154,7 +158,13 @@ def run(
         }
     try:
         model.fit(
-            datasets, epochs=config.optim.epochs, steps_per_epoch=steps, callbacks=callbacks, verbose=0, **validation
+            datasets,
+            epochs=config.optim.epochs,
+            initial_epoch=done,
+            steps_per_epoch=steps,
+            callbacks=callbacks,
+            verbose=0,
+            **validation,
         )
     except tf.errors.OpError as err:
         if type(err).__name__ not in _LOST_PEER_ERRORS or workers <= 1:
@@ -162,13 +172,9 @@ def run(
         raise PeerUnavailableError(lost_peer_message(tf_config, err.message)) from None
 
     history = history_record(config, meta, throughput.epochs, workers, global_batch, steps, learning_rate)
-    if not runtime.checkpoint_dir:
-        try:
-            os.rmdir(backup_dir)  # empty after a successful run; workers sharing it race to remove it
-        except OSError:
-            pass
     if chief:
         save_model(model, image_shape, runtime.model_dir, history)
     else:
         save_and_discard(model, image_shape, history)
+    home.clear(remove_root=not runtime.checkpoint_dir)
     return history

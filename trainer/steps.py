@@ -60,7 +60,7 @@ def create_cluster(
         tasks = num_workers + (num_ps + 1 if num_ps else 0)
         addresses = k8s.task_addresses(run_id, tasks, k8s.namespace(), port)
         spec = cluster_lib.assign_addresses(addresses, num_workers, num_ps)
-        control = cluster_lib.assign_addresses([k8s.control_address(a) for a in addresses], num_workers, num_ps)
+        control = cluster_lib.assign_addresses([cluster_lib.next_port(a) for a in addresses], num_workers, num_ps)
     record = {"cluster": spec, "control": control, "mode": cluster_mode}
     write_json(os.path.join(output_dir, CLUSTER_FILE), record)
     return record
@@ -91,14 +91,24 @@ def _train_config(dataset: str, model_dir: str, run_id: str, **settings: Any) ->
 
 
 def _storage_defaults(config: TrainConfig) -> TrainConfig:
-    """Kubernetes mode: the parameter-server status on a ConfigMap of the run, checkpoints on the claim's volume."""
-    from trainer import checkpoints, status
+    """Kubernetes mode: the parameter-server status on a ConfigMap of the run, checkpoints on the claim or in the pod.
+
+    Without a claim or a `checkpoint_dir`, checkpoints stay in the pod's own temporary directory: a replaced pod
+    starts without them and a survivor hands its copy over (`trainer.resume`).
+    """
+    import tempfile
+
+    from trainer import checkpoints, k8s, status
 
     if config.cluster.cluster_mode != "kubernetes":
         return config
     if config.cluster.strategy == "parameter_server" and not config.runtime.status_uri:
         config = config.replace(status_uri=status.CONFIGMAP + status.configmap_name(config.runtime.run_id))
-    return checkpoints.on_claim(config)
+    config = checkpoints.on_claim(config)
+    if not config.runtime.checkpoint_dir:
+        pod_local = os.path.join(tempfile.gettempdir(), "tf-checkpoints", k8s.run_key(config.runtime.run_id))
+        config = config.replace(checkpoint_dir=pod_local)
+    return config
 
 
 def train_task(

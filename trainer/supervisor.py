@@ -35,8 +35,12 @@ from trainer.errors import (
     EXIT_STARTUP_TIMEOUT,
     EXIT_TERMINATED,
     RETRYABLE_EXIT_CODES,
+    PeerUnavailableError,
+    StartupTimeoutError,
+    exit_code,
 )
 from trainer.peers import describe_peers, unreachable
+from trainer.resume import CheckpointHome, agree
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +48,7 @@ FORMED = b"formed\n"
 CONFIG_ENV = "TRAINER_CONFIG"
 STATUS_FD_ENV = "TRAINER_STATUS_FD"
 SUPERVISOR_PID_ENV = "TRAINER_SUPERVISOR_PID"
+RESUME_ENV = "TRAINER_RESUME_EPOCH"
 GRACE_SECONDS = 2.0
 POLL_SECONDS = 0.2
 
@@ -119,6 +124,7 @@ class Supervisor:
         max_restarts: int = 0,
         control: Control | None = None,
         grace: float = GRACE_SECONDS,
+        home: CheckpointHome | None = None,
     ) -> None:
         self.command = list(command)
         self.env = dict(env)
@@ -127,6 +133,7 @@ class Supervisor:
         self.max_restarts = max_restarts
         self.control = control
         self.grace = grace
+        self.home = home
         task = tf_config["task"] if tf_config else {"type": "worker", "index": 0}
         self.name = f"{task['type']} {task['index']}"
 
@@ -136,9 +143,14 @@ class Supervisor:
             generation = self.control.first_generation() if self.control else 0
             restarts = 0
             while True:
-                if self.control and generation:
-                    self.control.barrier(generation, self.startup_timeout)
-                code = self._attempt(generation, signals)
+                deadline = time.monotonic() + self.startup_timeout
+                try:
+                    resume = self._resume_point(generation, deadline)
+                except (StartupTimeoutError, PeerUnavailableError) as err:
+                    print(f"error: {self.name}: {err}", file=sys.stderr, flush=True)
+                    code = exit_code(err)
+                else:
+                    code = self._attempt(generation, signals, resume, deadline)
                 if signals.received is not None:
                     return 128 + signals.received
                 if self.control:
@@ -157,26 +169,53 @@ class Supervisor:
                 )
                 generation = nxt
 
-    def _attempt(self, generation: int, signals: _Signals) -> int:
+    def _resume_point(self, generation: int, deadline: float) -> int | None:
+        """With a control channel: waits for the peers and agrees with them on the epoch to resume after.
+
+        A task whose latest checkpoint is older than the agreed one fetches it from a peer first. Without a control
+        channel (one process, or no restarts) the training process resumes from its own latest checkpoint: None.
+        """
+        if not self.control:
+            return None
+        self.control.set(generation, "starting")
+        peers = self.control.barrier(generation, deadline)
+        own = self.home.epoch() if self.home else 0
+        epoch, source = agree(own, {a: s.checkpoint for a, s in peers.items()})
+        if source and self.home:
+            log.info("%s: fetching the checkpoint of epoch %d from the supervisor at %s", self.name, epoch, source)
+            self.control.fetch(source, epoch, self.home.receive)
+        if epoch:
+            how = f"handed over by {source}" if source else "its own"
+            log.info("%s: generation %d resumes after epoch %d (checkpoint: %s)", self.name, generation, epoch, how)
+        elif generation:
+            log.info(
+                "%s: generation %d: no worker holds a checkpoint, so all start again at epoch 1", self.name, generation
+            )
+        return epoch
+
+    def _attempt(self, generation: int, signals: _Signals, resume: int | None, deadline: float) -> int:
         read_fd, write_fd = os.pipe()
         env = dict(self.env, **{STATUS_FD_ENV: str(write_fd), SUPERVISOR_PID_ENV: str(os.getpid())})
         if self.tf_config:
             env["TF_CONFIG"] = json.dumps(dict(self.tf_config))
+        if resume is not None:
+            env[RESUME_ENV] = str(resume)
         child = subprocess.Popen(self.command, env=env, pass_fds=(write_fd,), start_new_session=True)
         os.close(write_fd)
         if self.control:
             self.control.set(generation, "running")
         try:
-            return self._watch(child, read_fd, generation, signals)
+            return self._watch(child, read_fd, generation, signals, deadline)
         finally:
             os.close(read_fd)
             if child.poll() is None:
                 _stop(child, self.grace)
 
-    def _watch(self, child: subprocess.Popen[bytes], read_fd: int, generation: int, signals: _Signals) -> int:
-        started = time.monotonic()
+    def _watch(
+        self, child: subprocess.Popen[bytes], read_fd: int, generation: int, signals: _Signals, deadline: float
+    ) -> int:
         formed = self.tf_config is None
-        next_peer_check = started + PEER_POLL_SECONDS
+        next_peer_check = time.monotonic() + PEER_POLL_SECONDS
         while True:
             code = child.poll()
             if code is not None:
@@ -186,10 +225,12 @@ class Supervisor:
                 _stop(child, self.grace)
                 return EXIT_TERMINATED
             ready, _, _ = select.select([read_fd], [], [], POLL_SECONDS)
-            if ready and os.read(read_fd, 64).startswith(FORMED):
+            if ready and os.read(read_fd, 64).startswith(FORMED) and not formed:
                 formed = True
+                if self.control:
+                    self.control.set(generation, "formed")
             now = time.monotonic()
-            if not formed and now - started > self.startup_timeout:
+            if not formed and now > deadline:
                 self._startup_timeout()
                 _stop(child, 0)
                 return EXIT_STARTUP_TIMEOUT
@@ -198,8 +239,8 @@ class Supervisor:
                 peer = self.control.failed_peer(generation)
                 if peer:
                     print(
-                        f"error: {self.name}: the supervisor at {peer} reports its training process failed; "
-                        "stopping this one to restart together",
+                        f"error: {self.name}: the supervisor at {peer} reports its training process failed or "
+                        "restarted; stopping this one to restart together",
                         file=sys.stderr,
                         flush=True,
                     )
@@ -234,16 +275,20 @@ def supervise(
         config: the task's `TrainConfig` (handed to the child as JSON).
         tf_config: this task's TF_CONFIG dict.
         control_spec: the supervisors' control addresses, shaped like the cluster; with it (and restarts allowed)
-            the workers converge on each restart.
+            the workers converge on each restart and agree on the epoch to resume after.
         env: the child's environment (default: this process's).
     """
+    from trainer.resume import home_for
+
     child_env = dict(os.environ if env is None else env, **{CONFIG_ENV: json.dumps(config.to_dict())})
     control = None
+    home = None
     if control_spec and config.cluster.max_restarts and config.cluster.strategy == "multi_worker_mirrored":
+        home = home_for(config, tf_config)
         task = tf_config["task"]
         own = control_spec[task["type"]][task["index"]]
         peers = [a for job in control_spec.values() for a in job if a != own]
-        control = Control(split_address(own)[1], peers)
+        control = Control(split_address(own)[1], peers, home.epoch, home.send)
     try:
         return Supervisor(
             [sys.executable, "-m", "trainer.task"],
@@ -252,6 +297,7 @@ def supervise(
             config.cluster.startup_timeout,
             config.cluster.max_restarts,
             control,
+            home=home,
         ).run()
     finally:
         if control:

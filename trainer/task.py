@@ -14,7 +14,7 @@ import sys
 from trainer.cli import run_cli
 from trainer.cluster import parse_tf_config
 from trainer.config import TrainConfig
-from trainer.supervisor import CONFIG_ENV, die_with_supervisor, report_formed
+from trainer.supervisor import CONFIG_ENV, RESUME_ENV, die_with_supervisor, report_formed
 
 
 def check_topology(config: TrainConfig, tf_config: dict | None) -> None:
@@ -31,8 +31,11 @@ def check_topology(config: TrainConfig, tf_config: dict | None) -> None:
         )
 
 
-def run_task(config: TrainConfig, tf_config: dict | None) -> int:
-    """Runs this task of the cluster with its strategy's runner; tells the supervisor once the cluster formed."""
+def run_task(config: TrainConfig, tf_config: dict | None, resume_epoch: int | None = None) -> int:
+    """Runs this task of the cluster with its strategy's runner; tells the supervisor once the cluster formed.
+
+    `resume_epoch` is the epoch the supervisors agreed to resume after (None: the task's own latest checkpoint).
+    """
     from trainer import mirrored, ps
 
     check_topology(config, tf_config)
@@ -42,7 +45,7 @@ def run_task(config: TrainConfig, tf_config: dict | None) -> int:
         else:
             ps.run(config, tf_config, on_formed=report_formed)
         return 0
-    mirrored.run(config, tf_config, on_formed=report_formed)
+    mirrored.run(config, tf_config, on_formed=report_formed, resume_epoch=resume_epoch)
     return 0
 
 
@@ -53,7 +56,8 @@ def main() -> int:
     def body() -> int:
         config = TrainConfig.from_dict(json.loads(os.environ[CONFIG_ENV]))
         text = os.environ.get("TF_CONFIG", "").strip()
-        return run_task(config, parse_tf_config(text) if text else None)
+        resume = os.environ.get(RESUME_ENV)
+        return run_task(config, parse_tf_config(text) if text else None, int(resume) if resume else None)
 
     return run_cli(body)
 

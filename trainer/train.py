@@ -93,19 +93,40 @@ def _json(what: str, text: str) -> Any:
         raise UsageError(f"{what} is not valid JSON ({err.msg}): {text[:80]!r}") from None
 
 
-def control_spec_from_env(tf_config: dict[str, Any]) -> dict[str, list[str]] | None:
-    """The supervisors' control addresses (`TRAINER_CONTROL`, shaped like the cluster), checked against TF_CONFIG."""
-    text = os.environ.get(CONTROL_ENV, "").strip()
-    if not text:
-        return None
-    spec = cluster_lib.validate_cluster(_json(CONTROL_ENV, text))
-    if {job: len(a) for job, a in spec.items()} != {job: len(a) for job, a in tf_config["cluster"].items()}:
-        raise UsageError(f"{CONTROL_ENV} {text[:120]!r} does not have the shape of the TF_CONFIG cluster")
+def control_spec(tf_config: dict[str, Any], text: str) -> dict[str, list[str]]:
+    """The supervisors' control addresses, shaped like the TF_CONFIG cluster.
+
+    `text` is `TRAINER_CONTROL` (JSON shaped like the cluster); empty: each task's TF address with the next port,
+    as in the pipeline's Kubernetes mode.
+
+    Raises:
+        UsageError: `text` is not shaped like the cluster, or a derived address is another task's TF address.
+    """
+    cluster = tf_config["cluster"]
+    if text.strip():
+        spec = cluster_lib.validate_cluster(_json(CONTROL_ENV, text))
+        if {job: len(a) for job, a in spec.items()} != {job: len(a) for job, a in cluster.items()}:
+            raise UsageError(f"{CONTROL_ENV} {text[:120]!r} does not have the shape of the TF_CONFIG cluster")
+        return spec
+    spec = cluster_lib.validate_cluster(
+        {job: [cluster_lib.next_port(a) for a in addresses] for job, addresses in cluster.items()}
+    )
+    taken = set(cluster_lib.task_order(cluster))
+    clashes = [a for a in cluster_lib.task_order(spec) if a in taken]
+    if clashes:
+        raise UsageError(
+            f"control address {clashes[0]} (a task's TF port + 1) is another task's TF address; allowed: TF ports "
+            f"at least 2 apart, or {CONTROL_ENV} naming the supervisors' addresses, shaped like the cluster"
+        )
     return spec
 
 
-def run(config: TrainConfig, tf_config: dict[str, Any] | None, control_spec: dict[str, list[str]] | None = None) -> int:
-    """Trains in this process (one process) or under a supervisor (a cluster member); returns the exit code."""
+def run(config: TrainConfig, tf_config: dict[str, Any] | None, control_text: str = "") -> int:
+    """Trains in this process (one process) or under a supervisor (a cluster member); returns the exit code.
+
+    `control_text` is `TRAINER_CONTROL`; the supervisors' control addresses matter only to mirrored workers that may
+    restart (`control_spec`).
+    """
     from trainer.task import check_topology, run_task
 
     check_topology(config, tf_config)
@@ -113,7 +134,8 @@ def run(config: TrainConfig, tf_config: dict[str, Any] | None, control_spec: dic
         return run_task(config, tf_config)
     from trainer.supervisor import supervise
 
-    return supervise(config, tf_config, control_spec)
+    restarts = config.cluster.max_restarts and config.cluster.strategy == "multi_worker_mirrored"
+    return supervise(config, tf_config, control_spec(tf_config, control_text) if restarts else None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,8 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         args = build_parser().parse_args(argv)
         config = config_from_args(args)
-        tf_config = tf_config_from_args(args)
-        return run(config, tf_config, control_spec_from_env(tf_config) if tf_config else None)
+        return run(config, tf_config_from_args(args), os.environ.get(CONTROL_ENV, ""))
 
     return run_cli(body)
 
