@@ -1,4 +1,5 @@
-"""deploy/image.py without Docker: pip secrets, mirror hygiene of the stand-in base, builder choice, bad input."""
+""".ci/containers (the CI's image tooling) without Docker: build secrets, mirror hygiene of the stand-in base, builder
+choice, bad input."""
 
 import os
 import stat
@@ -9,12 +10,12 @@ import pytest
 
 from tests.conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "deploy"))
-import image  # noqa: E402
-import image_base  # noqa: E402
-import image_common  # noqa: E402
-import image_engine  # noqa: E402
-import image_secrets  # noqa: E402
+sys.path.insert(0, str(ROOT / ".ci" / "containers"))
+import base as image_base  # noqa: E402
+import build as image  # noqa: E402
+import build_secrets as image_secrets  # noqa: E402
+import common as image_common  # noqa: E402
+import engine as image_engine  # noqa: E402
 
 MIRROR_HOST = "apt-cache.corp.example"
 SOURCES = f"""Types: deb
@@ -62,16 +63,30 @@ def test_secrets_are_written_privately_and_name_the_ca_pip_trusts(tmp_path):
     bundle.write_text("-----BEGIN CERTIFICATE-----\n")
     secrets = tmp_path / "secrets"
     secrets.mkdir()
-    options = image_secrets.write_secrets(secrets, {"cert": str(bundle), "find-links": "/srv/wheelhouse"})
-    assert options == ["--secret", f"id=pipconf,src={secrets / 'pip.conf'}", "--secret", f"id=cacert,src={bundle}"]
-    assert stat.S_IMODE((secrets / "pip.conf").stat().st_mode) == 0o600
+    options = image_secrets.write_secrets(secrets, {"cert": str(bundle), "find-links": "/srv/wheelhouse"}, SOURCES)
+    assert options == [
+        "--secret",
+        f"id=pipconf,src={secrets / 'pip.conf'}",
+        "--secret",
+        f"id=cacert,src={bundle}",
+        "--secret",
+        f"id=aptsources,src={secrets / 'sources.list'}",
+    ]
+    for name in ("pip.conf", "sources.list"):
+        assert stat.S_IMODE((secrets / name).stat().st_mode) == 0o600
     assert (secrets / "pip.conf").read_text() == "[global]\ncert = /etc/ssl/certs/build-ca.crt\n"
-    assert sorted(p.name for p in secrets.iterdir()) == ["pip.conf"]
+    assert (secrets / "sources.list").read_text() == f"deb http://{MIRROR_HOST}/debian bookworm main\n"
+    assert sorted(p.name for p in secrets.iterdir()) == ["pip.conf", "sources.list"]
+
+
+def test_a_host_on_the_public_debian_mirror_gives_the_build_no_apt_secret(tmp_path):
+    options = image_secrets.write_secrets(tmp_path, {}, "deb http://deb.debian.org/debian bookworm main\n")
+    assert "id=aptsources" not in " ".join(options) and not (tmp_path / "sources.list").exists()
 
 
 def test_without_a_ca_bundle_pip_gets_no_cert_line(tmp_path, monkeypatch):
     monkeypatch.setattr(image_secrets, "SYSTEM_CA", tmp_path / "missing.crt")
-    options = image_secrets.write_secrets(tmp_path, {"cert": str(tmp_path / "gone.crt")})
+    options = image_secrets.write_secrets(tmp_path, {"cert": str(tmp_path / "gone.crt")}, "")
     assert options == ["--secret", f"id=pipconf,src={tmp_path / 'pip.conf'}"]
     assert (tmp_path / "pip.conf").read_text() == "[global]\n"
 
@@ -127,18 +142,19 @@ def test_leak_scan_finds_pip_config_files_and_needles_across_read_chunks(tmp_pat
     assert image_base.find_leaks(tmp_path, [MIRROR_HOST.encode()], chunk=16) == ["big", "etc/pip.conf"]
 
 
-def test_nothing_the_build_is_given_names_the_mirror(tmp_path, monkeypatch):
+def test_nothing_the_build_is_given_names_the_mirror_outside_its_secret(tmp_path, monkeypatch):
     monkeypatch.setattr(image_secrets, "SYSTEM_CA", tmp_path / "missing.crt")
     settings = image_secrets.parse_pip_config_list(PIP_CONFIG_LIST + f"global.proxy='http://{MIRROR_HOST}:3128'\n")
-    options = image_secrets.write_secrets(tmp_path, settings)
+    options = image_secrets.write_secrets(tmp_path, settings, SOURCES)
     engine = image_engine.Engine("docker", str(image_engine.DATA_ROOT))
-    argv = image.build_command(engine, ["docker", "build"], options, "kfp-tf-multiworker:0.1.0")
+    argv = image.build_command(engine, ["docker", "build"], options, "kfp-tf-multiworker:0.1.0", image_base.STAND_IN)
     assert argv[-1] == str(ROOT) and argv[argv.index("--network") + 1] == "host"
+    assert argv[argv.index("--build-arg") + 1] == f"BASE={image_base.STAND_IN}"
     assert "--network" not in image.build_command(
-        image_engine.Engine("docker", "/var/lib/docker"), ["docker", "build"], [], "t"
+        image_engine.Engine("docker", "/var/lib/docker"), ["docker", "build"], [], "t", "python:3.11.7-slim-bookworm"
     )
     assert not tmp_path.is_relative_to(ROOT)
-    written = " ".join(argv) + "".join(p.read_text() for p in tmp_path.iterdir())
+    written = " ".join(argv) + "".join(p.read_text() for p in tmp_path.iterdir() if p.name != "sources.list")
     assert MIRROR_HOST not in written
     assert "apt-cache.corp.example" not in image_common.redact(
         f"from http://{MIRROR_HOST.upper()}/debian", [MIRROR_HOST]
@@ -182,7 +198,10 @@ def test_without_an_engine_a_non_root_user_gets_one_error_line_and_exit_2(monkey
 @pytest.mark.parametrize("args", [["build", "--tag", "Not A Tag"], ["build", "--tag", "repo:"], [], ["frobnicate"]])
 def test_bad_input_is_one_error_line_and_exit_2(args):
     result = subprocess.run(
-        [sys.executable, str(ROOT / "deploy" / "image.py"), *args], capture_output=True, text=True, timeout=60
+        [sys.executable, str(ROOT / ".ci" / "containers" / "build.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 2
     assert result.stdout == "" and len(result.stderr.splitlines()) == 1 and result.stderr.startswith("error: ")
@@ -194,3 +213,10 @@ def test_default_tag_carries_the_package_version():
     assert image.version() == trainer.__version__
     assert image.check_tag(f"kfp-tf-multiworker:{image.version()}") == "kfp-tf-multiworker:0.1.0"
     assert image.check_tag("registry.example:5000/team/kfp-tf-multiworker:0.1.0-rc1")
+
+
+def test_the_stand_in_base_has_a_tag_of_its_own_and_the_dockerfile_names_the_official_one():
+    assert image_base.base_image(ROOT / "Dockerfile") == "python:3.11.7-slim-bookworm"
+    assert image_base.STANDS_IN_FOR.match("python:3.11.7-slim-bookworm")
+    assert not image_base.STANDS_IN_FOR.match(image_base.STAND_IN), "a machine that reaches Docker Hub builds on it"
+    assert not image_base.STAND_IN.startswith(("python:", "docker.io/", "library/"))

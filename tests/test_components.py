@@ -1,6 +1,7 @@
 """Every component body through `python_func`, with real artifacts in temporary directories (no KFP runner)."""
 
 import json
+import re
 import threading
 
 import pytest
@@ -102,6 +103,9 @@ def test_train_evaluate_and_publish_bodies(small_data, tmp_path):
     assert outputs["chief_model"].metadata["serving_check"].startswith("passed: 256 held-out uint8 images")
     report = (tmp_path / "report").read_text()
     assert "Serving check: <b>passed</b>" in report and f'<a href="file://{tmp_path}/tb/run-7">' in report
+    charts = re.findall(r"<svg .*?</svg>", report, re.S)
+    assert [re.search(r"<title>(.*?)</title>", c).group(1) for c in charts] == ["training loss", "training accuracy"]
+    assert not re.search(r"<script[^>]* src=|href=", "".join(charts)), "the charts load nothing from elsewhere"
     assert len(outputs["classification_metrics"].metadata["confusionMatrix"]["rows"]) == 10
     assert outputs["chief_model"].metadata["source_uri"] == model.uri
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import os
 import urllib.parse
 from typing import Any
@@ -12,26 +10,20 @@ from typing import Any
 from trainer.atomic import write_text
 
 
-def plot_curves(history: dict[str, Any]) -> bytes:
-    """PNG bytes of loss and accuracy per epoch."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def training_curves(history: dict[str, Any]) -> str:
+    """Inline SVG line charts (pygal) of the training loss and accuracy per epoch, side by side."""
+    import pygal
 
     epochs = [e["epoch"] for e in history["epochs"]]
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(9, 3.2), dpi=100)
-    ax_loss.plot(epochs, [e["loss"] for e in history["epochs"]], marker="o")
-    ax_loss.set(title="training loss", xlabel="epoch")
-    ax_acc.plot(epochs, [e["accuracy"] for e in history["epochs"]], marker="o", color="tab:green")
-    ax_acc.set(title="training accuracy", xlabel="epoch")
-    for ax in (ax_loss, ax_acc):
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    plt.close(fig)
-    return buffer.getvalue()
+    charts = []
+    for key, title in (("loss", "training loss"), ("accuracy", "training accuracy")):
+        chart = pygal.Line(
+            js=[], width=450, height=320, show_legend=False, title=title, x_title="epoch", disable_xml_declaration=True
+        )
+        chart.x_labels = epochs
+        chart.add(key, [e[key] for e in history["epochs"]])
+        charts.append(chart.render(is_unicode=True))
+    return f'<div style="display:flex;gap:1em">{"".join(charts)}</div>'
 
 
 def _link(uri: str) -> str:
@@ -75,7 +67,6 @@ def tensorboard_section(history: dict[str, Any]) -> str:
 
 def render_html(metrics: dict[str, Any], history: dict[str, Any]) -> str:
     """The report's HTML page: metrics, gate, serving check, TensorBoard link, curves, per-class table, matrix."""
-    png = base64.b64encode(plot_curves(history)).decode()
     esc = html.escape
     rows = "".join(
         f"<tr><td>{esc(c['name'])}</td><td>{c['precision']:.4f}</td><td>{c['recall']:.4f}</td><td>{c['f1']:.4f}</td><td>{c['support']}</td></tr>"
@@ -112,7 +103,7 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}</style></head><b
 {history["steps_per_epoch"]} steps; final training accuracy {last.get("accuracy", float("nan")):.4f};
 {speed:.0f} examples/s after the first epoch.</p>
 {tensorboard_section(history)}
-<img alt="training curves" src="data:image/png;base64,{png}">
+{training_curves(history)}
 {serving_section(metrics.get("serving_check"))}
 <h2>Per class</h2>
 <table><tr><th>class</th><th>precision</th><th>recall</th><th>F1</th><th>support</th></tr>{rows}</table>

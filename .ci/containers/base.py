@@ -1,9 +1,10 @@
-"""The Dockerfile's base image: present, pulled, or (Docker Hub unreachable) a stand-in made from Debian packages.
+"""The Dockerfile's base image (its `BASE` build argument): present, pulled, or a stand-in made from Debian packages.
 
-The stand-in for `python:3.11.X-slim-bookworm` is debootstrap's minbase bookworm with Debian's python3 in a venv at
-/usr/local, so `python`, `python3`, `pip` and `pip3` are in /usr/local/bin as in the official image. It needs nothing
-but apt, unlike a copy of a host-built CPython. Its apt sources name the public Debian mirror; it holds no
-apt lists, no host CA and no pip configuration.
+CI machines without Docker Hub get a stand-in for `python:3.11.X-slim-bookworm`: debootstrap's minbase bookworm with
+Debian's python3 in a venv at /usr/local, so `python`, `python3`, `pip` and `pip3` are in /usr/local/bin as in the
+official image. It is tagged `STAND_IN` (never the official name, so a machine that later reaches Docker Hub builds on
+the real image) and passed to the build as `--build-arg BASE=...`. Its apt sources name the public Debian mirror; it
+holds no apt lists, no host CA and no pip configuration.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from image_common import (
+from common import (
     PUBLIC_DEBIAN,
     STATE_DIR,
     SetupError,
@@ -31,7 +32,8 @@ from image_common import (
 )
 
 PULL_TIMEOUT = 120
-STAND_IN = re.compile(r"^(docker\.io/)?(library/)?python:3\.11\.\d+-slim-bookworm$")
+STANDS_IN_FOR = re.compile(r"^(docker\.io/)?(library/)?python:3\.11\.\d+-slim-bookworm$")
+STAND_IN = "kfp-tf-ci/python-stand-in:3.11-slim-bookworm"
 PACKAGES = "python3-venv,python3-wheel-whl,ca-certificates,netbase"
 CHROOT_ENV = [
     "/usr/bin/env",
@@ -52,16 +54,16 @@ FORBIDDEN_NAMES = frozenset({"pip.conf", "pip.ini"})
 
 
 def base_image(dockerfile: Path) -> str:
-    """The image the Dockerfile's first FROM names.
+    """The default of the Dockerfile's `ARG BASE=...` (the image its FROM builds on).
 
     Raises:
-        SetupError: the Dockerfile has no FROM.
+        SetupError: the Dockerfile declares no BASE default.
     """
     for line in dockerfile.read_text().splitlines():
-        match = re.match(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)", line, re.IGNORECASE)
+        match = re.match(r"^\s*ARG\s+BASE=(\S+)", line, re.IGNORECASE)
         if match:
             return match.group(1)
-    raise SetupError(f"{dockerfile} has no FROM line")
+    raise SetupError(f"{dockerfile} has no ARG BASE=IMAGE line")
 
 
 def image_exists(cli: str, name: str) -> bool:
@@ -69,33 +71,35 @@ def image_exists(cli: str, name: str) -> bool:
     return run([cli, "image", "inspect", "--format", "{{.Id}}", name], timeout=60).returncode == 0
 
 
-def ensure_base(cli: str, name: str) -> str:
-    """Makes sure the engine holds `name`: already there, pulled, or built as a stand-in.
+def ensure_base(cli: str, name: str) -> tuple[str, str]:
+    """The image to build on for the base `name`: `name` itself when present or pulled, else the stand-in.
 
     Returns:
-        How it was obtained: "present", "pulled" or "stand-in".
+        (image to pass as BASE, how it was obtained: "present", "pulled", "stand-in present" or "stand-in made").
 
     Raises:
         SetupError: it cannot be pulled and no stand-in can be made for it (not root, or not
         python:3.11.X-slim-bookworm).
     """
     if image_exists(cli, name):
-        return "present"
+        return name, "present"
     log.info("pulling %s", name)
     pulled = run([cli, "pull", name], timeout=PULL_TIMEOUT)
     if pulled.returncode == 0:
-        return "pulled"
+        return name, "pulled"
     log.info("could not pull %s (%s)", name, tail(pulled.stderr or pulled.stdout, 1))
-    if not STAND_IN.match(name):
+    if not STANDS_IN_FOR.match(name):
         raise SetupError(
             f"base image {name} cannot be pulled, and a local stand-in can only be made for python:3.11.X-slim-bookworm"
         )
+    if image_exists(cli, STAND_IN):
+        return STAND_IN, "stand-in present"
     if os.geteuid() != 0:
         raise SetupError(
             f"base image {name} cannot be pulled; making a local stand-in needs root (debootstrap, chroot)"
         )
-    build_stand_in(cli, name)
-    return "stand-in"
+    build_stand_in(cli, STAND_IN)
+    return STAND_IN, "stand-in made"
 
 
 def build_stand_in(cli: str, name: str) -> None:

@@ -1,12 +1,14 @@
-"""Builds the project's one image on any machine with one command (`make image`).
+"""CI tooling: the project's image on a machine that may have no Docker Engine and no Docker Hub (`make e2e`).
 
-    python3 deploy/image.py build [--tag TAG]   # engine, base image, then the Dockerfile with pip secrets
-    python3 deploy/image.py engine              # only make sure a Docker Engine runs (for test harnesses)
-    python3 deploy/image.py base                # engine and the Dockerfile's base image
+    python3 .ci/containers/build.py build [--tag TAG]   # engine, base image, then `docker build` with pip secrets
+    python3 .ci/containers/build.py engine              # only make sure a Docker Engine runs (for test harnesses)
+    python3 .ci/containers/build.py base                # engine and the image to build on
 
-A Docker Engine that answers is used as it is. Otherwise, as root, Debian's docker.io is installed and dockerd started
-here (see image_engine). A base image that cannot be pulled is made locally (image_base). pip inside the build gets the
-host's pip settings and CA bundle as BuildKit secrets (image_secrets), so neither ends up in a layer.
+Users build with `docker build .` (`make image`); this does the same build where that cannot run as it is. A Docker
+Engine that answers is used as it is. Otherwise, as root, Debian's docker.io is installed and dockerd started here
+(engine.py). A base image that cannot be pulled is replaced by a local stand-in with a tag of its own, passed as
+`--build-arg BASE=...` (base.py). pip inside the build gets the host's pip settings and CA bundle as BuildKit secrets
+(pip_secrets.py), so neither ends up in a layer.
 """
 
 from __future__ import annotations
@@ -22,12 +24,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from image_base import base_image, ensure_base
-from image_common import SetupError, log, run
-from image_engine import Engine, ensure_engine, find_builder
-from image_secrets import host_pip_settings, write_secrets
+from base import base_image, ensure_base
+from build_secrets import host_pip_settings, write_secrets
+from common import SetupError, log, run
+from engine import Engine, ensure_engine, find_builder
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 _NAME = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _TAG = re.compile(rf"^(?:[a-zA-Z0-9.-]+(?::\d+)?/)?{_NAME}(?:/{_NAME})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?$")
@@ -43,7 +45,7 @@ class BuiltImage:
         size: its size in bytes, as `docker image inspect` reports it.
         build_seconds: wall time of `docker build`.
         total_seconds: wall time including engine and base image.
-        base: how the base image was obtained ("present", "pulled" or "stand-in").
+        base: the image it was built on and how that was obtained ("present", "pulled", "stand-in ...").
     """
 
     tag: str
@@ -81,12 +83,24 @@ def build_command(
     builder_argv: list[str],
     secret_options: list[str],
     tag: str,
+    base: str,
     dockerfile: Path = DOCKERFILE,
     context: Path = ROOT,
 ) -> list[str]:
-    """The `docker build` command: the host network on the engine started here (it has no NAT), secrets, tag."""
+    """The `docker build` command: the host network on the engine started here (it has no NAT), secrets, base, tag."""
     network = ["--network", "host"] if engine.managed else []
-    return [*builder_argv, *network, *secret_options, "--tag", tag, "--file", str(dockerfile), str(context)]
+    return [
+        *builder_argv,
+        *network,
+        *secret_options,
+        "--build-arg",
+        f"BASE={base}",
+        "--tag",
+        tag,
+        "--file",
+        str(dockerfile),
+        str(context),
+    ]
 
 
 def build(tag: str, dockerfile: Path = DOCKERFILE, context: Path = ROOT) -> BuiltImage:
@@ -97,11 +111,17 @@ def build(tag: str, dockerfile: Path = DOCKERFILE, context: Path = ROOT) -> Buil
     """
     started = time.monotonic()
     engine = ensure_engine()
-    base = ensure_base(engine.cli, base_image(dockerfile))
+    base, obtained = ensure_base(engine.cli, base_image(dockerfile))
     builder = find_builder()
     with tempfile.TemporaryDirectory(prefix="kfp-image-secrets-") as secrets:
         argv = build_command(
-            engine, list(builder.argv), write_secrets(Path(secrets), host_pip_settings()), tag, dockerfile, context
+            engine,
+            list(builder.argv),
+            write_secrets(Path(secrets), host_pip_settings()),
+            tag,
+            base,
+            dockerfile,
+            context,
         )
         log.info("building %s with %s", tag, " ".join(builder.argv))
         build_started = time.monotonic()
@@ -112,7 +132,9 @@ def build(tag: str, dockerfile: Path = DOCKERFILE, context: Path = ROOT) -> Buil
     inspected = run([engine.cli, "image", "inspect", "--format", "{{.Id}} {{.Size}}", tag], timeout=60).stdout.split()
     if len(inspected) != 2:
         raise SetupError(f"the build reported success but the engine has no image {tag}", exit_code=1)
-    return BuiltImage(tag, inspected[0], int(inspected[1]), build_seconds, time.monotonic() - started, base)
+    return BuiltImage(
+        tag, inspected[0], int(inspected[1]), build_seconds, time.monotonic() - started, f"{base} ({obtained})"
+    )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -122,12 +144,12 @@ class _Parser(argparse.ArgumentParser):
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line of deploy/image.py: a sub-command (build, engine, base) and its options."""
-    parser = _Parser(prog="deploy/image.py", description=__doc__.splitlines()[0])
+    parser = _Parser(prog=".ci/containers/build.py", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     build_parser = commands.add_parser("build", help="build the image (engine and base image first)")
     build_parser.add_argument("--tag", help="image name (default kfp-tf-multiworker:<trainer version>)")
     commands.add_parser("engine", help="only make sure a Docker Engine runs")
-    commands.add_parser("base", help="make sure the Dockerfile's base image is in the engine")
+    commands.add_parser("base", help="make sure the engine holds an image to build on (the base, or its stand-in)")
     return parser.parse_args(argv)
 
 
@@ -141,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"Docker Engine ready: {engine.cli}, data root {engine.root_dir}")
         elif args.command == "base":
             engine = ensure_engine()
-            name = base_image(DOCKERFILE)
-            print(f"base image {name}: {ensure_base(engine.cli, name)}")
+            base, obtained = ensure_base(engine.cli, base_image(DOCKERFILE))
+            print(f"base image {base} ({obtained})")
         else:
             built = build(check_tag(args.tag or f"kfp-tf-multiworker:{version()}"))
             print(

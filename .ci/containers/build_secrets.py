@@ -1,6 +1,6 @@
-"""The build's pip secrets: the host's pip settings that make sense in a container, and the host's CA bundle.
+"""The build's secrets: the host's pip settings that make sense in a container, its CA bundle and its apt mirror.
 
-They reach the Dockerfile's pip lines as BuildKit secret mounts, so no layer of the image holds them.
+They reach the Dockerfile's pip and apt lines as BuildKit secret mounts, so no layer of the image holds them.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from image_common import run
+from common import PUBLIC_DEBIAN, debian_mirror, read_apt_sources, run
 
 CONTAINER_CA = "/etc/ssl/certs/build-ca.crt"
 SYSTEM_CA = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -93,23 +93,34 @@ def host_ca_bundle(settings: dict[str, str]) -> Path | None:
     return None
 
 
-def write_secrets(directory: Path, settings: dict[str, str]) -> list[str]:
-    """Writes the pip.conf secret into `directory` (private, outside the build context) and names both secrets.
+def _private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+
+
+def write_secrets(directory: Path, settings: dict[str, str], apt_sources: str | None = None) -> list[str]:
+    """Writes the pip.conf and apt secrets into `directory` (private, outside the build context) and names them.
 
     Args:
         directory: a private temporary directory.
         settings: effective host pip settings.
+        apt_sources: the host's apt source text (default: read now); its bookworm mirror becomes the build's one-line
+            sources.list unless it is the public mirror, which the base image names already.
 
     Returns:
-        `docker build` options: `--secret id=pipconf,src=...` and, when there is a CA bundle, `--secret
-        id=cacert,src=...`.
+        `docker build` options: `--secret id=pipconf,src=...`, and `--secret id=cacert,src=...` when there is a CA
+        bundle, `--secret id=aptsources,src=...` when the host has a mirror of its own.
     """
     ca = host_ca_bundle(settings)
     conf = directory / "pip.conf"
-    fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(container_pip_conf(settings, CONTAINER_CA if ca else None))
+    _private(conf, container_pip_conf(settings, CONTAINER_CA if ca else None))
     options = ["--secret", f"id=pipconf,src={conf}"]
     if ca:
         options += ["--secret", f"id=cacert,src={ca}"]
+    mirror = debian_mirror(read_apt_sources() if apt_sources is None else apt_sources)
+    if mirror != PUBLIC_DEBIAN:
+        sources = directory / "sources.list"
+        _private(sources, f"deb {mirror} bookworm main\n")
+        options += ["--secret", f"id=aptsources,src={sources}"]
     return options

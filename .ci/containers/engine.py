@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from image_common import STATE_DIR, SetupError, apt_install, log, run, tail
+from common import STATE_DIR, SetupError, apt_install, log, run, tail
 
 DATA_ROOT = STATE_DIR / "docker"
 RUN_DIR = Path("/run/kfp-tf-multiworker")
