@@ -11,6 +11,8 @@ from kfp import kubernetes
 
 from trainer.errors import UsageError
 
+# A lost pod's replacement is what its peers wait for (they restart in place at once), so it is retried soon.
+RETRY_BACKOFF = "10s"
 QUANTITY = re.compile(r"^(?:\d+(?:\.\d+)?|\.\d+)(?:[numkMGTPE]|[KMGTPE]i|[eE][+-]?\d+)?$")
 
 
@@ -69,6 +71,6 @@ def training_pod(task: Any, pods: PodSettings) -> Any:
     task.set_cpu_request(pods.cpu_request).set_cpu_limit(pods.cpu_limit)
     task.set_memory_request(pods.memory_request).set_memory_limit(pods.memory_limit)
     if pods.retries:
-        task.set_retry(num_retries=pods.retries, backoff_duration="30s", backoff_factor=2.0)
+        task.set_retry(num_retries=pods.retries, backoff_duration=RETRY_BACKOFF, backoff_factor=2.0)
     kubernetes.set_timeout(task, pods.timeout_seconds)
     return task

@@ -8,6 +8,8 @@
   service-account files and `KUBERNETES_SERVICE_HOST/PORT`); the real image never holds them.
 - `docker_runner(...)`: kfp.local's DockerRunner with the pods' resolver settings; each container's host name is
   its pod name and /etc/hosts maps it to the container's IP, as in a pod.
+- `Kubelet(...)`: what the kubelet reports when a container ends: its pod's phase becomes Failed (or Succeeded), so
+  the pod leaves its Service's endpoints, as a lost pod does.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -112,3 +115,32 @@ def training_containers(client: Any, image: str) -> dict[int, Any]:
             if f"this is worker {index} " in logs:
                 found[index] = container
     return found
+
+
+class Kubelet:
+    """Marks the stand-in pod of every container of `image` that ends as Failed (exit code != 0) or Succeeded.
+
+    A container's pod is named by its host name, the container id's first 12 characters (the name the stand-in
+    API learns when the container reads or patches its own pod).
+    """
+
+    def __init__(self, client: Any, image: str, cluster: StandInCluster) -> None:
+        self._client, self._image, self._cluster = client, image, cluster
+        self._events = client.events(decode=True, filters={"type": "container", "event": "die"})
+        self._thread = threading.Thread(target=self._watch, name="kubelet", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        for event in self._events:
+            attributes = event.get("Actor", {}).get("Attributes", {})
+            if attributes.get("image") != self._image:
+                continue
+            pod = event["id"][:12]
+            phase = "Succeeded" if attributes.get("exitCode") == "0" else "Failed"
+            current = self._cluster.api.get("pods", NAMESPACE, pod)
+            if current is not None:
+                self._cluster.api.set_status("pods", NAMESPACE, pod, {**current.get("status", {}), "phase": phase})
+
+    def stop(self) -> None:
+        """Stops watching."""
+        self._events.close()

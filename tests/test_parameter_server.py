@@ -13,7 +13,7 @@ from tests.conftest import trainer_args
 from tests.test_faults import Streamed, _env, launch
 from trainer import ps
 from trainer.cluster import build_tf_config, make_cluster
-from trainer.errors import EXIT_PEER_UNAVAILABLE, PeerUnavailableError
+from trainer.errors import EXIT_PEER_UNAVAILABLE, ChiefFailedError, PeerUnavailableError
 from trainer.evaluate import run as evaluate
 from trainer.launch import free_ports
 
@@ -29,11 +29,11 @@ def _processes_alive(pids):
     return alive
 
 
-def kill_the_chief(sample_data, tmp_path, status_uri, env):
-    """Starts a chief, ps 0 and workers 0 and 1 on free ports, kills the chief after epoch 2.
+def kill_one(sample_data, tmp_path, status_uri, env, victim=("chief", 0)):
+    """Starts a chief, ps 0 and workers 0 and 1 on free ports, kills `victim` after the chief's epoch 2.
 
     Returns:
-        (processes by (job, index), exit codes of all but the chief, seconds from the kill to the last exit).
+        (processes by (job, index), exit codes of all but the victim, seconds from the kill to the last exit).
     """
     ports = free_ports(4)
     spec = make_cluster(
@@ -50,9 +50,9 @@ def kill_the_chief(sample_data, tmp_path, status_uri, env):
     }
     try:
         procs[("chief", 0)].wait_for(r"epoch 2:", 180)
-        procs[("chief", 0)].proc.kill()
+        procs[victim].proc.kill()
         killed_at = time.monotonic()
-        codes = {key: p.finish(60) for key, p in procs.items() if key[0] != "chief"}
+        codes = {key: p.finish(60) for key, p in procs.items() if key != victim}
         elapsed = time.monotonic() - killed_at
     finally:
         for p in procs.values():
@@ -89,28 +89,56 @@ def test_chief_ps_and_two_workers_train_and_all_exit_zero(sample_data, tmp_path)
 
 
 @pytest.mark.slow
-def test_killing_a_worker_mid_training_lets_the_chief_finish(sample_data, tmp_path):
+def test_a_lost_worker_is_replaced_and_the_chief_carries_on(sample_data, tmp_path):
     launcher = launch(
-        "--workers", "2", "--ps", "1", "--", *trainer_args(sample_data, tmp_path / "model", "--epochs", "8")
+        "--workers",
+        "2",
+        "--ps",
+        "1",
+        "--max-restarts",
+        "1",
+        "--",
+        *trainer_args(sample_data, tmp_path / "model", "--epochs", "8"),
     )
     try:
-        pid = int(launcher.wait_for(r"^\[worker 1\] .*server started at \S+ \(pid (\d+)\)", 120).group(1))
+        pid = int(launcher.wait_for(r"started worker 1 \(pid (\d+)\)", 60).group(1))
+        launcher.wait_for(r"^\[worker 1\] .*server started at ", 120)
         launcher.wait_for(r"^\[chief 0\] .*epoch 2:", 180)
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)  # the whole task, as when its pod is lost
+        launcher.wait_for(r"worker 1 was killed by signal 9 .*starting a replacement \(1 of 1\)", 60)
         code = launcher.finish(400)
     finally:
         launcher.kill()
     text = "\n".join(launcher.lines)
     assert code == 0, text[-4000:]
-    assert "worker 1 exited with code 137; the others carry on" in text
+    assert len(re.findall(r"^\[worker 1\] .*server started at ", text, re.M)) == 2, "the replacement served again"
+    assert re.search(r"^\[worker 1\] .*the chief finished successfully; exiting", text, re.M)
     assert re.search(r"^\[chief 0\] .*epoch 8:", text, re.M)
     assert (tmp_path / "model" / "saved_model" / "saved_model.pb").is_file()
 
 
 @pytest.mark.slow
+def test_a_lost_parameter_server_fails_the_job_fast_naming_it(sample_data, tmp_path):
+    status = str(tmp_path / "status.json")
+    procs, codes, elapsed = kill_one(sample_data, tmp_path, status, {}, victim=("ps", 0))
+    chief = procs[("chief", 0)]
+    assert codes[("chief", 0)] == EXIT_PEER_UNAVAILABLE, chief.lines[-20:]
+    errors = [line for line in chief.lines if line.startswith("error:")]
+    assert re.match(
+        r"error: lost contact with a parameter server during training \(ps 0 at localhost:\d+ \(Connection refused\)\)",
+        errors[-1],
+    ), errors
+    assert codes[("worker", 0)] == codes[("worker", 1)] == 1, "the workers exit when the chief reports the failure"
+    for key in (("worker", 0), ("worker", 1)):
+        assert any("the chief failed: lost contact with a parameter server" in line for line in procs[key].lines)
+        assert not any(line.startswith("Traceback") for line in procs[key].lines), "one line, no traceback"
+    assert elapsed < 60 and not (tmp_path / "model").exists()
+
+
+@pytest.mark.slow
 def test_killing_the_chief_ends_ps_and_workers_within_the_timeout(sample_data, tmp_path):
     status = str(tmp_path / "status.json")
-    procs, codes, elapsed = kill_the_chief(sample_data, tmp_path, status, {})
+    procs, codes, elapsed = kill_one(sample_data, tmp_path, status, {})
     assert set(codes.values()) == {EXIT_PEER_UNAVAILABLE}, codes
     assert elapsed < 8 + 15
     for key in codes:
@@ -130,7 +158,7 @@ def test_status_states_decide_the_servers_exit_code(tmp_path):
         "detail": "out of memory on the chief",
         "heartbeat": 0,
     }
-    with pytest.raises(ps.ChiefFailedError, match="ps 0: the chief failed: out of memory on the chief"):
+    with pytest.raises(ChiefFailedError, match="ps 0: the chief failed: out of memory on the chief"):
         ps.wait_for_chief(uri, 5, 30, "ps 0")
     with pytest.raises(PeerUnavailableError, match=r"worker 0: the chief published no status at \S+ within 1s"):
         ps.wait_for_chief(str(tmp_path / "never.json"), 1, 30, "worker 0")

@@ -10,10 +10,10 @@ import pytest
 
 from tests.conftest import trainer_args
 from tests.standins.kube import Call, KubeStandIn, write_kubeconfig
-from tests.test_parameter_server import finish_ps_job, kill_the_chief
+from tests.test_parameter_server import finish_ps_job, kill_one
 from trainer import k8s, ps, status, steps
 from trainer.config import ClusterConfig, RuntimeConfig, TrainConfig
-from trainer.errors import EXIT_PEER_UNAVAILABLE, KubernetesError, PeerUnavailableError
+from trainer.errors import EXIT_PEER_UNAVAILABLE, ChiefFailedError, KubernetesError, PeerUnavailableError
 
 pytestmark = pytest.mark.slow  # each test starts a server or a fresh TensorFlow process
 
@@ -69,7 +69,7 @@ def test_states_and_heartbeats_on_the_configmap_decide_the_servers_exit(cluster)
         ps.wait_for_chief(_store(url), 1, 30, "worker 0")
     with pytest.raises(RuntimeError), ps.StatusPublisher(_store(url)):
         raise RuntimeError("out of memory on the chief")
-    with pytest.raises(ps.ChiefFailedError, match="ps 0: the chief failed: out of memory on the chief"):
+    with pytest.raises(ChiefFailedError, match="ps 0: the chief failed: out of memory on the chief"):
         ps.wait_for_chief(_store(url), 5, 30, "ps 0")
     stale = {"state": "running", "heartbeat": time.time() - 100, "detail": ""}
     standin.add("configmaps", NS, {"metadata": {"name": "stale"}, "data": {"status.json": json.dumps(stale)}})
@@ -121,7 +121,7 @@ def test_chief_ps_and_two_workers_finish_through_the_configmap_and_all_exit_zero
 
 def test_killing_the_chief_ends_ps_and_workers_with_138_within_the_timeout(cluster, sample_data, tmp_path):
     standin, url = cluster
-    procs, codes, elapsed = kill_the_chief(sample_data, tmp_path, "configmap:ps-status", _kubeconfig(tmp_path, url))
+    procs, codes, elapsed = kill_one(sample_data, tmp_path, "configmap:ps-status", _kubeconfig(tmp_path, url))
     assert set(codes.values()) == {EXIT_PEER_UNAVAILABLE}, codes
     assert elapsed < 8 + 15
     for key in codes:

@@ -159,6 +159,11 @@ def test_dns_follows_service_selectors_and_pod_labels(cluster, core):
     assert ask(f"{SVC0}.{NS}.svc").header.rcode == RCODE.NXDOMAIN, "search paths are the client's job"
     assert ask("pypi.org").header.rcode == RCODE.NXDOMAIN, "never forwards"
 
+    cluster.standin.add_pod(NS, "replacement", labels=k8s.pod_labels(RUN_ID, 0), ip="127.0.0.3")
+    assert _ips(ask(fqdn)) == ["127.0.0.1", "127.0.0.3"]
+    cluster.standin.set_status("pods", NS, "worker-0", {"phase": "Failed"})
+    assert _ips(ask(fqdn)) == ["127.0.0.3"], "a pod that has ended leaves its Service's endpoints"
+
     core.delete_namespaced_service(SVC0, NS)
     assert ask(fqdn).header.rcode == RCODE.NXDOMAIN
 

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from trainer.errors import (
     EXIT_FAILED,
+    ChiefFailedError,
     PeerUnavailableError,
     ServiceError,
     StartupTimeoutError,
@@ -23,7 +24,7 @@ from trainer.errors import (
 )
 
 T = TypeVar("T")
-_KNOWN = (UsageError, PeerUnavailableError, StartupTimeoutError, ServiceError)
+_KNOWN = (UsageError, PeerUnavailableError, StartupTimeoutError, ServiceError, ChiefFailedError)
 
 
 class _StderrHandler(logging.StreamHandler):

@@ -40,6 +40,10 @@ class KubernetesError(ServiceError):
     """A Kubernetes API call failed; the message names the verb, resource and namespace."""
 
 
+class ChiefFailedError(RuntimeError):
+    """Parameter-server mode: the chief reported that training failed (exit 1; the line carries the chief's reason)."""
+
+
 class TaskFailedError(RuntimeError):
     """A supervised training process failed with `code`; it has written its own `error:` line."""
 

@@ -20,6 +20,7 @@ from trainer.config import TrainConfig
 from trainer.errors import PeerUnavailableError, UsageError
 from trainer.export import history_record, save_and_discard, save_model
 from trainer.inputs import eval_dataset, train_dataset
+from trainer.peers import lost_peer_message
 from trainer.records import load_metadata, verify_split
 from trainer.resume import home_for
 
@@ -55,15 +56,6 @@ def make_strategy(tf_config: dict[str, Any] | None, config: TrainConfig) -> Any:
         os.getpid(),
     )
     return strategy
-
-
-def lost_peer_message(tf_config: dict[str, Any] | None, detail: str) -> str:
-    """One line naming the peers that no longer answer (probed now), with the first line of TensorFlow's error."""
-    from trainer.peers import describe_peers, unreachable
-
-    gone = unreachable(describe_peers(tf_config)) if tf_config else []
-    who = "; ".join(gone) if gone else "no peer is unreachable now"
-    return f"lost contact with a peer during training ({who}): {detail.strip().splitlines()[0][:300]}"
 
 
 def run(

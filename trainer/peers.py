@@ -42,3 +42,10 @@ def unreachable(peers: Sequence[tuple[str, str]]) -> list[str]:
         if reason is not None:
             found.append(f"{name} at {address} ({reason})")
     return found
+
+
+def lost_peer_message(tf_config: Mapping[str, Any] | None, detail: str, what: str = "a peer") -> str:
+    """One line naming the peers that no longer answer (probed now), with the first line of TensorFlow's error."""
+    gone = unreachable(describe_peers(tf_config)) if tf_config else []
+    who = "; ".join(gone) if gone else "no peer is unreachable now"
+    return f"lost contact with {what} during training ({who}): {detail.strip().splitlines()[0][:300]}"

@@ -25,9 +25,10 @@ from trainer import cluster as cluster_lib
 from trainer.atomic import check_writable_parent
 from trainer.callbacks import TensorBoardScalars, ThroughputHistory, run_log_dir
 from trainer.config import TrainConfig
-from trainer.errors import PeerUnavailableError, UsageError
+from trainer.errors import ChiefFailedError, PeerUnavailableError, UsageError
 from trainer.export import history_record, save_model
 from trainer.inputs import ps_dataset_creator
+from trainer.peers import lost_peer_message
 from trainer.records import load_metadata, verify_split
 from trainer.status import open_status
 
@@ -85,10 +86,6 @@ class StatusPublisher:
         self._thread.join()
         self._state, self._detail = ("failed", str(exc).splitlines()[0][:300]) if exc_type else ("succeeded", "")
         self._write()
-
-
-class ChiefFailedError(RuntimeError):
-    """The chief reported that training failed (exit 1: its own error line says why)."""
 
 
 def wait_for_chief(store: str | Any, startup_timeout: float, chief_timeout: float, what: str) -> None:
@@ -213,9 +210,7 @@ def run(
         try:
             model.fit(datasets, epochs=config.optim.epochs, steps_per_epoch=steps, callbacks=callbacks, verbose=0)
         except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as err:
-            raise PeerUnavailableError(
-                f"lost a parameter server during training: {err.message.strip().splitlines()[0][:300]}"
-            ) from None
+            raise PeerUnavailableError(lost_peer_message(tf_config, err.message, "a parameter server")) from None
         history = history_record(
             config, meta, throughput.epochs, workers, batch_size, steps, config.optim.learning_rate
         )

@@ -161,7 +161,8 @@ class KubeStandIn(ApiHandlers):
         """{`<svc>.<ns>.svc.<domain>`: [pod IPs]} for every Service that selects at least one pod with an IP.
 
         Headless or not, a name resolves to the selected pods' IPs (there is no kube-proxy to send a cluster IP
-        anywhere). Pods that are not Ready count only for a Service with `publishNotReadyAddresses`.
+        anywhere). Pods that are not Ready count only for a Service with `publishNotReadyAddresses`; pods that have
+        ended (Failed, Succeeded) never do, as the EndpointSlice controller leaves terminal pods out.
         """
         with self._lock:
             pods = [p for (res, _, _), p in self._objects.items() if res == "pods" and p["status"].get("podIP")]
@@ -177,6 +178,7 @@ class KubeStandIn(ApiHandlers):
                         for p in pods
                         if p["metadata"]["namespace"] == ns
                         and wanted <= p["metadata"].get("labels", {}).items()
+                        and not objects.pod_terminal(p)
                         and (spec.get("publishNotReadyAddresses") or objects.pod_ready(p))
                     }
                 )

@@ -231,6 +231,11 @@ def pod_ready(pod: Mapping[str, Any]) -> bool:
     return pod.get("status", {}).get("phase") == "Running" and conditions.get("Ready", "True") == "True"
 
 
+def pod_terminal(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod has ended (Failed or Succeeded): its containers will not run again."""
+    return pod.get("status", {}).get("phase") in ("Failed", "Succeeded")
+
+
 def running_conditions(ready: bool = True) -> list[dict[str, str]]:
     """The conditions of a started pod; `ready=False` leaves ContainersReady and Ready False."""
     return [
