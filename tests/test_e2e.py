@@ -125,7 +125,7 @@ class Killer:
             workers = e2e_cluster.training_containers(client, image)
             if index in workers and re.search(pattern, workers[index].logs().decode(errors="replace")):
                 workers[index].kill()
-                self.at = time.monotonic()
+                self.at, self.wall = time.monotonic(), time.time()
                 return
             time.sleep(0.5)
 
@@ -160,9 +160,22 @@ def test_a_lost_worker_pod_is_re_created_by_the_retry_and_the_run_finishes(clust
     assert [e["epoch"] for e in history["epochs"]] == list(range(1, 7))
     assert stand_in.api.items("services") == {}, "the replacement adopted its Service and deleted it at the end"
     print(
-        f"e2e lost {'chief' if lost == 0 else f'worker {lost}'}: kill -> end of run {ended - killer.at:.0f}s, "
-        f"resumed after epoch {resumed[lost]}, accuracy {accuracy:.4f}"
+        f"e2e lost {'chief' if lost == 0 else f'worker {lost}'}: kill -> both training again "
+        f"{_seconds_after(killer.wall, logs, 'resuming from the checkpoint'):.0f}s, kill -> end of run "
+        f"{ended - killer.at:.0f}s, resumed after epoch {resumed[lost]}, accuracy {accuracy:.4f}"
     )
+
+
+def _seconds_after(wall, logs, text):
+    """Seconds from `wall` (time.time()) to the last log line with `text` (its HH:MM:SS stamp, UTC)."""
+    import datetime
+
+    day = datetime.datetime.fromtimestamp(wall, datetime.timezone.utc).date()
+    stamps = [
+        datetime.datetime.combine(day, datetime.time.fromisoformat(t), datetime.timezone.utc).timestamp()
+        for t in re.findall(rf"(\d\d:\d\d:\d\d) INFO \S+: {re.escape(text)}", logs)
+    ]
+    return max(stamps) - wall
 
 
 def test_a_worker_container_killed_mid_training_fails_the_run_fast_naming_the_lost_peer(cluster, capfd):

@@ -3,14 +3,17 @@ the supervisors' real control channel (TCP on loopback). No TensorFlow: these ar
 
 import io
 import json
+import os
+import sys
 import time
 
 import pytest
 
 from trainer.control import Control, PeerState
-from trainer.errors import PeerUnavailableError, StartupTimeoutError
+from trainer.errors import EXIT_STARTUP_TIMEOUT, PeerUnavailableError, StartupTimeoutError
 from trainer.launch import free_ports
 from trainer.resume import MANIFEST, CheckpointHome, Manifest, agree, task_dir
+from trainer.supervisor import Supervisor
 
 
 def write_checkpoint(home: CheckpointHome, epoch: int, payload: bytes, history=()) -> Manifest:
@@ -168,3 +171,27 @@ def test_peers_converge_on_a_restart_and_none_starts_while_an_older_attempt_runs
     assert b.peer_states() == {f"localhost:{ports[0]}": None}, "a supervisor that is gone does not answer"
     with pytest.raises(StartupTimeoutError, match=rf"no supervisor answers at localhost:{ports[0]}"):
         b.barrier(1, deadline=time.monotonic())
+
+
+def test_peers_that_never_answer_end_the_task_once_instead_of_restarting_it(tmp_path, capsys):
+    ports = free_ports(2)
+    control = Control(ports[0], [f"localhost:{ports[1]}"])
+    tf_config = {"cluster": {"worker": [f"localhost:{p}" for p in ports]}, "task": {"type": "worker", "index": 0}}
+    marker = tmp_path / "started"
+    supervisor = Supervisor(
+        [sys.executable, "-c", f"open({str(marker)!r}, 'a').write('x')"],
+        dict(os.environ),
+        tf_config,
+        startup_timeout=1,
+        max_restarts=2,
+        control=control,
+        home=CheckpointHome(str(tmp_path / "home")),
+    )
+    try:
+        assert supervisor.run() == EXIT_STARTUP_TIMEOUT
+    finally:
+        control.close()
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: worker 0: generation 0: peers not ready in time: no supervisor answers at localhost:{ports[1]}"
+    ], "one line, and no restart: waiting again does not bring a lost peer back"
+    assert not marker.exists(), "no training process was started"

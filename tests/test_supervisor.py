@@ -79,12 +79,12 @@ def test_a_signal_during_the_start_up_join_ends_the_task_within_5_seconds(sample
 
 
 @pytest.mark.slow
-def test_the_watchdog_names_the_peer_that_never_came_and_exits_137(sample_data, tmp_path):
+def test_the_watchdog_names_the_peer_that_never_came_and_exits_140(sample_data, tmp_path):
     started = time.monotonic()
     proc, ports = _stuck_worker(sample_data, tmp_path, "--startup-timeout", "8")
     code = proc.wait(timeout=120)
     stderr = proc.stderr.read()
-    assert code == 137
+    assert code == 140
     assert (
         f"error: worker 0: cluster start-up did not finish within 8s; unreachable: worker 1 at localhost:{ports[1]} "
         "(Connection refused)" in stderr

@@ -146,8 +146,8 @@ class ClusterConfig(Checked):
     )
     max_restarts: int = setting(
         0,
-        "restart the training process in place up to N times after a retryable failure "
-        "(a lost peer, a start-up timeout); it resumes from its last finished epoch",
+        "restart the training process in place up to N times after a retryable failure (a lost or replaced "
+        "peer, a killed process, a start-up timeout); all workers resume after the last epoch any of them finished",
         check=int_between(0, 100),
     )
     pack_bytes: int = setting(
@@ -165,9 +165,10 @@ class RuntimeConfig(Checked):
     )
     checkpoint_dir: str = setting(
         "",
-        "BackupAndRestore directory shared by all workers, so a restarted worker resumes (TensorFlow writes it: "
-        "a path, a volume or gs://, not s3://); empty: on checkpoint_claim's volume when set, else "
-        "MODEL_DIR.backup in the pod",
+        "where each worker keeps its checkpoint of the last finished epoch, in a subdirectory per task, so that "
+        "restarted and replaced workers resume (TensorFlow writes it: a path, a volume or gs://, not s3://); a "
+        "volume or gs:// keeps them when every pod is lost; empty: on checkpoint_claim's volume when set, else in "
+        "the pod (a replaced pod gets a survivor's copy), MODEL_DIR.backup for the CLI",
         check=location("gs", what="a local or volume path (TensorFlow writes it and has no s3://)"),
     )
     checkpoint_claim: str = setting(

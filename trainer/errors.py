@@ -1,23 +1,26 @@
 """Exceptions and the one exit-code contract of every command-line entry point and pipeline step.
 
-| code | meaning                                                        | retry helps |
-| ---- | -------------------------------------------------------------- | ----------- |
-| 0    | success                                                        |             |
-| 1    | anything else (a Kubernetes call refused, an unexpected error) | no          |
-| 2    | bad input: one `error:` line names the value and what is allowed | no        |
-| 137  | the start-up watchdog fired: a peer never joined               | yes         |
-| 138  | a peer was lost during training                                | yes         |
-| 143  | stopped by SIGTERM                                             | yes         |
+| code | meaning                                                                   | restarted in place |
+| ---- | ------------------------------------------------------------------------- | ------------------ |
+| 0    | success                                                                   |                    |
+| 1    | anything else (a Kubernetes call refused, an unexpected error)            | no                 |
+| 2    | bad input: one `error:` line names the value and what is allowed          | no                 |
+| 137  | killed by SIGKILL (the OOM killer, `kill -9`)                             | yes                |
+| 138  | a peer was lost during training                                           | yes                |
+| 140  | start-up timeout: the cluster did not form, or a lost peer never came back | watchdog only     |
+| 143  | stopped by SIGTERM                                                        | no (it was asked)  |
 
-The retryable codes are the ones Kubeflow's TFJob `ExitCode` restart policy treats as retryable.
+138 and 140 sit beside the codes a signal gives (128 + N; 10 and 12 are SIGUSR1 and SIGUSR2, which nothing sends
+here), so the retry rules of Kubeflow's old TFJob (`ExitCode`: 128 and above retryable) treat them as retryable.
 """
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
-EXIT_STARTUP_TIMEOUT = 137
+EXIT_KILLED = 137
 EXIT_PEER_UNAVAILABLE = 138
+EXIT_STARTUP_TIMEOUT = 140
 EXIT_TERMINATED = 143
-RETRYABLE_EXIT_CODES = frozenset({130, EXIT_STARTUP_TIMEOUT, EXIT_PEER_UNAVAILABLE, EXIT_TERMINATED})
+RETRYABLE_EXIT_CODES = frozenset({130, EXIT_KILLED, EXIT_PEER_UNAVAILABLE, EXIT_STARTUP_TIMEOUT, EXIT_TERMINATED})
 
 
 class UsageError(ValueError):

@@ -5,12 +5,15 @@ coordination service catches SIGTERM for itself, so a training process can neith
 stopped politely. The task therefore runs as a child of this small process (no TensorFlow in it), which:
 
 - kills the child when the cluster has not formed within the start-up timeout, naming the peers it cannot reach
-  (exit 137, retryable);
+  (exit 140, restarted in place);
 - on SIGTERM or SIGINT stops the child (SIGTERM, then SIGKILL after a short grace) and exits 143 or 130;
-- after a retryable failure (137, 138) restarts the child in place, up to `max_restarts` times. With a control
-  channel (`Control`) every worker's supervisor publishes its generation and state, stops its own child as soon as
-  a peer's has failed, and starts the next generation only when no peer still runs an older one, so all workers
-  converge on the same restart instead of joining each other's dying clusters.
+- after a retryable failure (137, 138, 140) restarts the child in place, up to `max_restarts` times. With a control
+  channel (`Control`) every worker's supervisor publishes its generation, state and latest checkpoint, stops its own
+  child as soon as a peer's has failed or a replaced peer has come up, and starts the next generation only when
+  every peer answers and none still runs an older one: all workers converge on the same restart instead of joining
+  each other's dying clusters. Before each generation they agree on the epoch to resume after (`trainer.resume`);
+  one that lacks that checkpoint fetches it from a peer. Peers that do not answer within the start-up timeout end
+  the task (exit 140, not restarted: waiting again does not bring a lost pod back).
 """
 
 from __future__ import annotations
@@ -146,7 +149,11 @@ class Supervisor:
                 deadline = time.monotonic() + self.startup_timeout
                 try:
                     resume = self._resume_point(generation, deadline)
-                except (StartupTimeoutError, PeerUnavailableError) as err:
+                except StartupTimeoutError as err:
+                    # A peer that did not come back within the start-up timeout is not brought back by waiting again.
+                    print(f"error: {self.name}: {err}", file=sys.stderr, flush=True)
+                    return exit_code(err)
+                except PeerUnavailableError as err:
                     print(f"error: {self.name}: {err}", file=sys.stderr, flush=True)
                     code = exit_code(err)
                 else:
