@@ -10,6 +10,8 @@ def deploy_model(
     serving_name: str,
     serving_timeout: float,
     serving_runtime_version: str,
+    storage: str,
+    s3_endpoint: str,
 ) -> str:
     """Creates or patches the InferenceService `serving_name` on the publish location and waits until it is Ready.
 
@@ -36,6 +38,8 @@ def deploy_model(
         serving_runtime_version=serving_runtime_version,
         version=int(decision.metadata.get("latest_version") or 0),
         published_path=decision.metadata.get("latest_path", ""),
+        storage=storage,
+        s3_endpoint=s3_endpoint,
     )
     lines = [f"# Deploy\n\n{result['reason']}."]
     if result["deployed"]:

@@ -4,7 +4,12 @@ from kfp.dsl import Input, Markdown, Metrics, Model, Output
 
 
 def publish_model(
-    model: Input[Model], metrics: Input[Metrics], decision: Output[Markdown], publish_uri: str, s3_endpoint: str
+    model: Input[Model],
+    metrics: Input[Metrics],
+    decision: Output[Markdown],
+    publish_uri: str,
+    storage: str,
+    s3_endpoint: str,
 ):
     """Publishes the model under publish_uri/<version>/ unless the model already published there is better.
 
@@ -28,6 +33,7 @@ def publish_model(
         publish_uri=publish_uri,
         model_uri=model.metadata.get("source_uri", model.uri),
         s3_endpoint=s3_endpoint,
+        storage=storage,
     )
     os.makedirs(os.path.dirname(decision.path), exist_ok=True)
     with open(decision.path, "w") as f:

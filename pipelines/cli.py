@@ -18,7 +18,7 @@ from pipelines import server
 from pipelines.factories import DEFAULT_PODS, DEFAULT_STORAGE, FACTORIES, NAMES, create_pipeline
 from pipelines.local import LOCAL_MAX_WORKERS, LOCAL_OVERRIDES, run_local
 from pipelines.pods import PodSettings
-from pipelines.storage import MINIO_KEYS, MINIO_SECRET, StorageSettings
+from pipelines.storage import KFP_KEYS, StorageSettings
 from trainer import __version__, settings
 from trainer.atomic import write_text
 from trainer.cli import run_cli
@@ -124,17 +124,24 @@ def build_parser(action: str | None) -> argparse.ArgumentParser:
             )
         storage = parser.add_argument_group("storage (docs/storage.md)")
         storage.add_argument(
+            "--storage",
+            default="",
+            choices=["", "kfp"],
+            help="kfp: the pipeline's own object store (KFP 2.16+: SeaweedFS, the namespace's keys from the Secret "
+            "mlpipeline-minio-artifact; models under s3://mlpipeline/private/{namespace}/); default: none",
+        )
+        storage.add_argument(
             "--storage-secret",
             default="",
             metavar="SECRET",
-            help=f"a Secret whose keys become the publish step's S3 credentials, e.g. {MINIO_SECRET} "
-            "(standalone KFP's MinIO); default: none",
+            help="another Secret whose keys become the S3 credentials of the steps that store (publish, deploy, the "
+            "parameter-server tasks); default: none",
         )
         storage.add_argument(
             "--storage-secret-keys",
-            default=MINIO_KEYS,
+            default=KFP_KEYS,
             metavar="KEY=ENV,...",
-            help="which Secret key becomes which variable (default: %(default)s, the keys of KFP's MinIO Secret)",
+            help="which key of --storage-secret becomes which variable (default: %(default)s)",
         )
         storage.add_argument(
             "--checkpoint-volume",

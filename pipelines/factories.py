@@ -17,7 +17,7 @@ from kfp.dsl import HTML, Metrics, Model
 
 import components
 from components.contract import declare
-from pipelines.pods import PodSettings, training_pod, with_namespace
+from pipelines.pods import PodSettings, step, training_pod, with_namespace
 from pipelines.storage import StorageSettings, with_checkpoint_volume, with_storage_secret
 
 DEFAULT_PODS = PodSettings()
@@ -43,11 +43,18 @@ class Serving(NamedTuple):
     runtime_version: Any
 
 
+class Store(NamedTuple):
+    """The pipeline parameters that say which object store s3:// locations are in."""
+
+    storage: Any
+    s3_endpoint: Any
+
+
 def _prepare(ops: Any, source: Any, max_train_examples: Any, max_test_examples: Any, num_shards: Any) -> Any:
     prepared = ops.prepare_data(
         source=source, max_train_examples=max_train_examples, max_test_examples=max_test_examples, num_shards=num_shards
     )
-    return prepared.set_display_name("prepare data").set_caching_options(True)
+    return step(prepared, "prepare data", cache=True)
 
 
 def _evaluate_and_publish(
@@ -56,12 +63,12 @@ def _evaluate_and_publish(
     models: Any,
     min_accuracy: Any,
     publish_uri: Any,
-    s3_endpoint: Any,
-    storage: StorageSettings,
+    store: Store,
+    settings: StorageSettings,
     serving: Serving,
 ) -> Outputs:
     evaluation = ops.evaluate(dataset=prepared.outputs["dataset"], models=models, min_accuracy=min_accuracy)
-    evaluation.set_display_name("evaluate and check serving").set_caching_options(False)
+    step(evaluation, "evaluate and check serving")
     # evaluate decides (accuracy >= min_accuracy and the serving check passed), the pipeline routes: one condition
     # on evaluate's Output, because kfp.local resolves no other named output in a condition.
     with dsl.If(evaluation.outputs["Output"] == "publish", name="quality gate and serving check"):
@@ -70,9 +77,10 @@ def _evaluate_and_publish(
                 model=evaluation.outputs["chief_model"],
                 metrics=evaluation.outputs["metrics"],
                 publish_uri=publish_uri,
-                s3_endpoint=s3_endpoint,
+                storage=store.storage,
+                s3_endpoint=store.s3_endpoint,
             )
-            with_storage_secret(published.set_display_name("publish model").set_caching_options(False), storage)
+            with_storage_secret(with_namespace(step(published, "publish model")), settings)
             with dsl.If(serving.name != "", name="serving name set"):
                 deployed = ops.deploy_model(
                     decision=published.outputs["decision"],
@@ -80,8 +88,10 @@ def _evaluate_and_publish(
                     serving_name=serving.name,
                     serving_timeout=serving.timeout,
                     serving_runtime_version=serving.runtime_version,
+                    storage=store.storage,
+                    s3_endpoint=store.s3_endpoint,
                 )
-                with_namespace(deployed.set_display_name("deploy model").set_caching_options(False))
+                with_storage_secret(with_namespace(step(deployed, "deploy model")), settings)
     return Outputs(
         accuracy=evaluation.outputs["accuracy"],
         serving_check=evaluation.outputs["serving_check"],
@@ -91,7 +101,7 @@ def _evaluate_and_publish(
     )
 
 
-def mirrored_pipeline(image: str, pods: PodSettings = DEFAULT_PODS, storage: StorageSettings = DEFAULT_STORAGE) -> Any:
+def mirrored_pipeline(image: str, pods: PodSettings = DEFAULT_PODS, settings: StorageSettings = DEFAULT_STORAGE) -> Any:
     """The MultiWorkerMirroredStrategy pipeline: N identical workers in a ParallelFor, synchronous all-reduce."""
     ops = components.build(image)
 
@@ -115,6 +125,7 @@ def mirrored_pipeline(image: str, pods: PodSettings = DEFAULT_PODS, storage: Sto
         tensorboard_dir: str,
         min_accuracy: float,
         publish_uri: str,
+        storage: str,
         s3_endpoint: str,
         serving_name: str,
         serving_timeout: float,
@@ -128,7 +139,7 @@ def mirrored_pipeline(image: str, pods: PodSettings = DEFAULT_PODS, storage: Sto
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
         prepared = _prepare(ops, source, max_train_examples, max_test_examples, num_shards)
         cluster = ops.create_cluster(run_id=run_id, num_workers=num_workers, cluster_mode=cluster_mode, port=port)
-        with_namespace(cluster.set_display_name("create cluster").set_caching_options(False))
+        with_namespace(step(cluster, "create cluster"))
         with dsl.ParallelFor(cluster.outputs["Output"], name="workers") as worker_index:
             worker = ops.train_worker(
                 dataset=prepared.outputs["dataset"],
@@ -147,17 +158,18 @@ def mirrored_pipeline(image: str, pods: PodSettings = DEFAULT_PODS, storage: Sto
                 tensorboard_dir=tensorboard_dir,
                 cluster_mode=cluster_mode,
             )
-            training_pod(worker.set_display_name("train worker").set_caching_options(False), pods)
-            with_checkpoint_volume(worker, checkpoint_claim, storage)
+            training_pod(step(worker, "train worker"), pods)
+            with_checkpoint_volume(worker, checkpoint_claim, settings)
         serving = Serving(serving_name, serving_timeout, serving_runtime_version)
         models = dsl.Collected(worker.outputs["model"])
-        return _evaluate_and_publish(ops, prepared, models, min_accuracy, publish_uri, s3_endpoint, storage, serving)
+        store = Store(storage, s3_endpoint)
+        return _evaluate_and_publish(ops, prepared, models, min_accuracy, publish_uri, store, settings, serving)
 
-    return dsl.pipeline(name=NAMES["multi_worker_mirrored"])(declare(pipeline, storage.overrides()))
+    return dsl.pipeline(name=NAMES["multi_worker_mirrored"])(declare(pipeline, settings.overrides()))
 
 
 def parameter_server_pipeline(
-    image: str, pods: PodSettings = DEFAULT_PODS, storage: StorageSettings = DEFAULT_STORAGE
+    image: str, pods: PodSettings = DEFAULT_PODS, settings: StorageSettings = DEFAULT_STORAGE
 ) -> Any:
     """The ParameterServerStrategy pipeline: a chief task beside a ParallelFor of parameter servers and workers."""
     ops = components.build(image)
@@ -181,6 +193,7 @@ def parameter_server_pipeline(
         tensorboard_dir: str,
         min_accuracy: float,
         publish_uri: str,
+        storage: str,
         s3_endpoint: str,
         serving_name: str,
         serving_timeout: float,
@@ -196,7 +209,7 @@ def parameter_server_pipeline(
         cluster = ops.create_ps_cluster(
             run_id=run_id, num_workers=num_workers, num_ps=num_ps, cluster_mode=cluster_mode, port=port
         )
-        with_namespace(cluster.set_display_name("create cluster").set_caching_options(False))
+        with_namespace(step(cluster, "create cluster"))
         # The chief runs in a one-item loop so that evaluate receives its model as the list the mirrored variant's
         # ParallelFor produces (dsl.Collected works only on loop outputs).
         every_task = {
@@ -204,6 +217,8 @@ def parameter_server_pipeline(
             "cluster": cluster.outputs["cluster"],
             "run_id": run_id,
             "status_uri": status_uri,
+            "storage": storage,
+            "s3_endpoint": s3_endpoint,
             "startup_timeout": startup_timeout,
             "unschedulable_timeout": unschedulable_timeout,
             "cluster_mode": cluster_mode,
@@ -216,15 +231,16 @@ def parameter_server_pipeline(
                 tensorboard_dir=tensorboard_dir,
                 **every_task,
             )
-            training_pod(chief.set_display_name("train chief").set_caching_options(False), pods)
+            with_storage_secret(training_pod(step(chief, "train chief"), pods), settings)
         with dsl.ParallelFor(cluster.outputs["Output"], name="parameter servers and workers") as task:
             server = ops.train_server(task=task, chief_timeout=chief_timeout, **every_task)
-            training_pod(server.set_display_name("ps or worker").set_caching_options(False), pods)
+            with_storage_secret(training_pod(step(server, "ps or worker"), pods), settings)
         serving = Serving(serving_name, serving_timeout, serving_runtime_version)
         models = dsl.Collected(chief.outputs["model"])
-        return _evaluate_and_publish(ops, prepared, models, min_accuracy, publish_uri, s3_endpoint, storage, serving)
+        store = Store(storage, s3_endpoint)
+        return _evaluate_and_publish(ops, prepared, models, min_accuracy, publish_uri, store, settings, serving)
 
-    return dsl.pipeline(name=NAMES["parameter_server"])(declare(pipeline, storage.overrides()))
+    return dsl.pipeline(name=NAMES["parameter_server"])(declare(pipeline, settings.overrides()))
 
 
 FACTORIES = {"multi_worker_mirrored": mirrored_pipeline, "parameter_server": parameter_server_pipeline}

@@ -1,4 +1,4 @@
-"""What the training pods get on a cluster: resources, downward-API environment, retry and timeout.
+"""What the pipeline's pods get on a cluster: no Istio sidecar; the training pods also resources, labels, retry.
 
 kfp.local ignores all of it; the compiled YAML carries it (the Kubernetes platform spec and the container resources).
 """
@@ -10,9 +10,16 @@ from typing import Any
 from kfp import kubernetes
 
 from trainer.errors import UsageError
+from trainer.k8s import APP
 
 # A lost pod's replacement is what its peers wait for (they restart in place at once), so it is retried soon.
 RETRY_BACKOFF = "10s"
+# Istio decides by this label (its `sidecar.istio.io/inject` annotation is deprecated, and reported ignored by
+# OpenShift Service Mesh 3); a sidecar would sit between the workers' TF gRPC connections. KFP adds the annotation.
+NO_SIDECAR = ("sidecar.istio.io/inject", "false")
+# The training pods carry the project's name from their creation (they add their run and index when they join), so
+# that deploy/networkpolicy.yaml can let them reach each other in namespaces that deny by default.
+TRAINING = ("app.kubernetes.io/name", APP)
 QUANTITY = re.compile(r"^(?:\d+(?:\.\d+)?|\.\d+)(?:[numkMGTPE]|[KMGTPE]i|[eE][+-]?\d+)?$")
 
 
@@ -58,13 +65,20 @@ class PodSettings:
             raise UsageError(f"timeout {self.timeout_seconds}s is not allowed; allowed: at least 60 s")
 
 
+def step(task: Any, name: str, cache: bool = False) -> Any:
+    """Every pod of the pipeline: its display name, whether KFP may cache it, and no Istio sidecar (the label)."""
+    kubernetes.add_pod_label(task, *NO_SIDECAR)
+    return task.set_display_name(name).set_caching_options(cache)
+
+
 def with_namespace(task: Any) -> Any:
     """The pod's namespace as POD_NAMESPACE (downward API): the Services are created and deleted there."""
     return kubernetes.use_field_path_as_env(task, env_name="POD_NAMESPACE", field_path="metadata.namespace")
 
 
 def training_pod(task: Any, pods: PodSettings) -> Any:
-    """A training task's pod: its name and namespace from the downward API, resources, retry and timeout."""
+    """A training task's pod: its name and namespace from the downward API, its label, resources, retry, timeout."""
+    kubernetes.add_pod_label(task, *TRAINING)
     with_namespace(task)
     kubernetes.use_field_path_as_env(task, env_name="POD_NAME", field_path="metadata.name")
     kubernetes.use_field_path_as_env(task, env_name="POD_IP", field_path="status.podIP")

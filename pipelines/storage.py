@@ -1,8 +1,8 @@
-"""Compile-time storage settings: the Secret that gives the publish step its S3 credentials, and the checkpoint volume.
+"""Compile-time storage settings: the object store's credentials for the steps that store, and the checkpoint volume.
 
 Both become Kubernetes platform settings in the compiled YAML (`kfp.kubernetes`); kfp.local ignores them.
-Standalone KFP keeps its MinIO credentials in the Secret `mlpipeline-minio-artifact` (keys `accesskey` and
-`secretkey`), which is the default key mapping here; see docs/storage.md for AWS and GCS.
+`--storage kfp` is Kubeflow Pipelines' own object store (`trainer.kfpstore`: SeaweedFS, the namespace's keys in the
+Secret `mlpipeline-minio-artifact`); `--storage-secret` names any other Secret (docs/storage.md).
 """
 
 import dataclasses
@@ -11,12 +11,11 @@ from typing import Any
 
 from kfp import kubernetes
 
-from trainer import settings
+from trainer import kfpstore, settings
 from trainer.checkpoints import MOUNT
 from trainer.errors import UsageError
 
-MINIO_SECRET = "mlpipeline-minio-artifact"
-MINIO_KEYS = "accesskey=AWS_ACCESS_KEY_ID,secretkey=AWS_SECRET_ACCESS_KEY"
+KFP_KEYS = ",".join(f"{key}={env}" for key, env in kfpstore.SECRET_KEYS.items())
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -27,47 +26,69 @@ class StorageSettings:
     """Compile-time storage settings of the pipeline.
 
     Attributes:
-        storage_secret: a Secret in the run's namespace whose keys become the publish step's environment, e.g.
-            mlpipeline-minio-artifact (standalone KFP's MinIO); empty: none (GCS workload identity, AWS IRSA).
+        storage: 'kfp': the pipeline's own object store (KFP 2.16+: SeaweedFS, the namespace's keys from the Secret
+            mlpipeline-minio-artifact), which becomes the default of the storage parameter, with publish_uri
+            s3://mlpipeline/private/{namespace}/models/mnist; empty: storage_secret, if any.
+        storage_secret: another Secret in the run's namespace whose keys become the environment of the steps that
+            store (publish, deploy, the parameter-server tasks); empty: none (GCS workload identity, AWS IRSA).
         storage_secret_keys: KEY=ENV pairs, comma-separated: which Secret key becomes which variable.
         checkpoint_volume: a ReadWriteMany PersistentVolumeClaim mounted at /mnt/checkpoints on every training
-            worker, for checkpoints that outlive a pod; it is the default of the checkpoint_claim parameter, so a
+            worker, for checkpoints that outlive every pod; it is the default of the checkpoint_claim parameter, so a
             run can name another claim; empty: no volume.
     """
 
+    storage: str = ""
     storage_secret: str = ""
-    storage_secret_keys: str = MINIO_KEYS
+    storage_secret_keys: str = KFP_KEYS
     checkpoint_volume: str = ""
 
     def __post_init__(self) -> None:
+        settings.check("storage", self.storage)
+        if self.storage == kfpstore.KFP and self.storage_secret not in ("", kfpstore.SECRET):
+            raise UsageError(
+                f"storage_secret {self.storage_secret!r} is not allowed with storage 'kfp', which uses the Secret "
+                f"{kfpstore.SECRET}; allowed: one of the two"
+            )
         if self.storage_secret and not _NAME.match(self.storage_secret):
             raise UsageError(
                 f"storage_secret {self.storage_secret!r} is not allowed; allowed: a Secret name (lowercase "
-                "letters, digits, '-' and '.'), e.g. mlpipeline-minio-artifact"
+                "letters, digits, '-' and '.'), e.g. my-s3-credentials"
             )
         self.key_to_env()
         if self.checkpoint_volume:
             settings.check("checkpoint_claim", self.checkpoint_volume)
 
+    @property
+    def secret(self) -> str:
+        """The Secret the storing steps get as environment: KFP's with storage 'kfp', else storage_secret."""
+        return kfpstore.SECRET if self.storage == kfpstore.KFP else self.storage_secret
+
     def overrides(self) -> dict[str, Any]:
         """The pipeline parameter defaults these settings change."""
-        return {"checkpoint_claim": self.checkpoint_volume} if self.checkpoint_volume else {}
+        changed: dict[str, Any] = {}
+        if self.storage == kfpstore.KFP:
+            changed.update(storage=kfpstore.KFP, publish_uri=kfpstore.PUBLISH_URI)
+        if self.checkpoint_volume:
+            changed["checkpoint_claim"] = self.checkpoint_volume
+        return changed
 
     def key_to_env(self) -> dict[str, str]:
         """`storage_secret_keys` as {secret key: environment variable}, checked."""
+        if self.storage == kfpstore.KFP:
+            return dict(kfpstore.SECRET_KEYS)
         pairs = [p.strip().partition("=") for p in self.storage_secret_keys.split(",") if p.strip()]
         if not pairs or any(not sep or not _KEY.match(k) or not _ENV.match(v) for k, sep, v in pairs):
             raise UsageError(
                 f"storage_secret_keys {self.storage_secret_keys!r} is not allowed; allowed: KEY=ENV pairs, "
-                f"comma-separated, e.g. {MINIO_KEYS}"
+                f"comma-separated, e.g. {KFP_KEYS}"
             )
         return {k: v for k, _, v in pairs}
 
 
 def with_storage_secret(task: Any, settings: StorageSettings) -> Any:
     """The Secret's keys as the task's environment (the credentials s3fs and botocore read), when one is named."""
-    if settings.storage_secret:
-        kubernetes.use_secret_as_env(task, secret_name=settings.storage_secret, secret_key_to_env=settings.key_to_env())
+    if settings.secret:
+        kubernetes.use_secret_as_env(task, secret_name=settings.secret, secret_key_to_env=settings.key_to_env())
     return task
 
 

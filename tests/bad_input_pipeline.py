@@ -228,11 +228,11 @@ PIPELINE_CASES = {
             metrics=Metrics(uri=str(b / "m")),
             decision=Markdown(uri=str(b / "out" / "d3")),
             publish_uri="s3://models/mnist",
-            s3_endpoint="minio-service.kubeflow:9000",
+            s3_endpoint="seaweedfs.kubeflow:9000",
         ),
         [],
         "d3",
-        "s3_endpoint 'minio-service.kubeflow:9000' is not allowed; allowed: empty or http(s)://HOST[:PORT]",
+        "s3_endpoint 'seaweedfs.kubeflow:9000' is not allowed; allowed: empty or http(s)://HOST[:PORT]",
     ),
     "deploy step name not a KServe name": lambda b, s: (
         _deploy(b, "dep1", serving_name="Mnist_V2"),

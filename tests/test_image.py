@@ -134,11 +134,61 @@ def test_runs_as_uid_and_gid_1000(docker):
     assert _run(docker, "id", "-g") == "1000"
 
 
-def test_tensorflow_kfp_and_the_trainer_import_as_that_user(docker):
-    out = _run(
-        docker, "python", "-c", "import os, tensorflow, tf_keras, kfp, trainer; print(os.getuid(), trainer.__version__)"
-    )
+def test_what_the_steps_import_imports_as_that_user_and_only_that_is_installed(docker):
+    imports = "tensorflow, tf_keras, tensorflow_datasets, pyarrow, kfp, kubernetes, s3fs, gcsfs, pygal, tensorboard"
+    out = _run(docker, "python", "-c", f"import os, {imports}, trainer; print(os.getuid(), trainer.__version__)")
     assert out.splitlines()[-1] == f"1000 {trainer.__version__}"
+    installed = {line.split("==")[0].lower().replace("_", "-") for line in _run(docker, "pip", "freeze").splitlines()}
+    assert {"tensorflow-cpu", "tf-keras"} <= installed
+    assert not {"tensorflow", "kfp-kubernetes", "matplotlib"} & installed, (
+        "the GPU-capable build and compile-time tools"
+    )
+
+
+def test_the_image_is_at_most_1_5_gb_and_its_layers_are_reported(docker):
+    size = int(
+        subprocess.run(
+            [docker, "image", "inspect", "--format", "{{.Size}}", IMAGE], capture_output=True, text=True, check=True
+        ).stdout
+    )
+    layers = subprocess.run(
+        [docker, "history", "--format", "{{.Size}}\t{{.CreatedBy}}", IMAGE], capture_output=True, text=True, check=True
+    ).stdout
+    print(f"image {IMAGE}: {size / 1e9:.2f} GB ({size} bytes); layers, newest first:")
+    for line in layers.splitlines():
+        layer_size, _, created_by = line.partition("\t")
+        print(f"  {layer_size:>8}  {' '.join(created_by.split())[:100]}")
+    assert size <= 1.5e9, f"{size / 1e9:.2f} GB"
+
+
+def test_a_worker_starts_in_the_container_and_forms_its_cluster(docker):
+    """Two workers started together in one container: from process start to "cluster formed", without a peer wait."""
+    script = (
+        "import json, re, subprocess, sys, time\n"
+        "from trainer.launch import free_ports\n"
+        "subprocess.run(['trainer-prepare', '--source', 'sample', '--output', '/tmp/data', '--max-train-examples', "
+        "'512', '--max-test-examples', '128'], check=True, capture_output=True)\n"
+        "ports = free_ports(2)\n"
+        "cluster = {'worker': [f'localhost:{p}' for p in ports]}\n"
+        "started = time.monotonic()\n"
+        "procs = [subprocess.Popen(['trainer-train', '--data', '/tmp/data', '--model-dir', f'/tmp/model{i}', "
+        "'--epochs', '1'], env={'PATH': '/usr/local/bin:/usr/bin:/bin', 'HOME': '/tmp', 'TF_CPP_MIN_LOG_LEVEL': '2', "
+        "'TF_CONFIG': json.dumps({'cluster': cluster, 'task': {'type': 'worker', 'index': i}})}, "
+        "stderr=subprocess.PIPE, text=True) for i in range(2)]\n"
+        "formed = []\n"
+        "for proc in procs:\n"
+        "    for line in proc.stderr:\n"
+        "        if 'cluster formed' in line:\n"
+        "            formed.append(round(time.monotonic() - started, 1))\n"
+        "            break\n"
+        "print(json.dumps({'formed': formed, 'codes': [p.wait(timeout=600) for p in procs]}))\n"
+    )
+    result = json.loads(_run(docker, "python", "-c", script).splitlines()[-1])
+    assert result["codes"] == [0, 0] and len(result["formed"]) == 2, result
+    print(
+        f"worker start in the container, process start to cluster formed: {max(result['formed']):.1f}s "
+        f"(workers {result['formed']})"
+    )
 
 
 def test_environment_has_no_pip_or_tls_settings_of_the_build_host(docker):

@@ -114,14 +114,38 @@ def test_forbidden_names_verb_resource_and_namespace(standin, api):
     assert Call("create", "services", "locked", None) in standin.calls
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "deploy").glob("*.yaml")), ids=lambda p: p.name)
-def test_deploy_manifests_validate_against_kubernetes_schemas(path):
-    docs = [d for d in yaml.safe_load_all(path.read_text().replace("NAMESPACE", "kubeflow-user-example-com")) if d]
+def _manifests(path):
+    return [d for d in yaml.safe_load_all(path.read_text().replace("NAMESPACE", "kubeflow-user-example-com")) if d]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "deploy").glob("rbac-*.yaml")), ids=lambda p: p.name)
+def test_deploy_roles_validate_against_kubernetes_schemas(path):
+    docs = _manifests(path)
     assert {d["kind"] for d in docs} == {"Role", "RoleBinding"}
     for doc in docs:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
     binding = next(d for d in docs if d["kind"] == "RoleBinding")
     assert binding["subjects"][0]["name"] in {"default-editor", "pipeline-runner"}
+
+
+def test_the_network_policy_validates_and_opens_the_training_and_control_ports_between_training_pods():
+    from pipelines.pods import TRAINING
+    from trainer import settings
+
+    assert {p.name for p in (ROOT / "deploy").glob("*.yaml")} == {
+        "rbac-kubeflow-multi-user.yaml",
+        "rbac-standalone-kfp.yaml",
+        "networkpolicy.yaml",
+    }
+    (policy,) = _manifests(ROOT / "deploy" / "networkpolicy.yaml")
+    kubernetes_validate.validate(policy, K8S_VERSION, strict=True)
+    label = dict([TRAINING])
+    assert policy["spec"]["podSelector"]["matchLabels"] == label
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["from"] == [{"podSelector": {"matchLabels": label}}], "only from the pipeline's training pods"
+    port = settings.default("port")
+    assert [(p["protocol"], p["port"]) for p in rule["ports"]] == [("TCP", port), ("TCP", port + 1)]
+    assert label.items() <= k8s.pod_labels("run-1", 0).items(), "the label the pods also give themselves"
 
 
 def test_service_bodies_validate_against_kubernetes_schemas():

@@ -293,3 +293,19 @@ def test_parameter_server_pipeline_has_its_own_name_chief_ps_and_worker_ops(tmp_
         == "pipelinechannel--create-ps-cluster-Output"
     )
     assert loops["chief"]["parameterIterator"]["items"]["raw"] == "[0]"
+
+
+@pytest.mark.parametrize("strategy", ["multi_worker_mirrored", "parameter_server"])
+def test_every_pod_of_both_strategies_carries_the_istio_label_and_training_pods_their_name(tmp_path, capsys, strategy):
+    path = tmp_path / f"{strategy}.yaml"
+    result = _cli(capsys, "--compile", "--strategy", strategy, "--output", str(path), "--image", IMAGE)
+    assert result.returncode == 0, result.stderr
+    docs = list(yaml.safe_load_all(path.read_text()))
+    executors = set(docs[0]["deploymentSpec"]["executors"])
+    platform = docs[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    assert set(platform) == executors, "every step's pod has platform settings"
+    for name in executors:
+        labels = platform[name].get("podMetadata", {}).get("labels", {})
+        assert labels.get("sidecar.istio.io/inject") == "false", name
+        training = name in ("exec-train-worker", "exec-train-chief", "exec-train-server")
+        assert (labels.get("app.kubernetes.io/name") == "kfp-tf-multiworker") == training, name

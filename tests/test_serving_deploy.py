@@ -5,9 +5,11 @@ progress, then Ready or failed, with statuses checked against KServe's own model
 every InferenceService the step writes.
 """
 
+import base64
 import threading
 import time
 
+import kubernetes_validate
 import pytest
 import yaml
 from kubernetes import client
@@ -229,21 +231,109 @@ def test_a_publish_location_kserve_cannot_read_is_refused(cluster):
     assert standin.calls == []
 
 
+def test_an_s3_location_gives_the_storage_initializer_the_steps_keys_and_the_endpoint(cluster, monkeypatch):
+    """KFP's SeaweedFS: a KServe-style Secret (s3-* annotations) on the predictor's service account, owned by it."""
+    from tests.test_k8s import K8S_VERSION
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "ns-key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "ns-secret")
+    standin, api = cluster("ready")
+    published = "s3://mlpipeline/private/{namespace}/models/mnist"
+    result = steps.deploy_model(
+        published,
+        NAME,
+        20,
+        "2.20.0",
+        7,
+        f"s3://mlpipeline/private/{NS}/models/mnist/7",
+        storage="kfp",
+        api=api,
+        poll=0.1,
+    )
+    assert result["deployed"] and result["service_account"] == f"{NAME}-storage"
+    stored = standin.get(RESOURCE, NS, NAME)
+    assert kserve_schema.inference_service_problems(stored) == []
+    predictor = stored["spec"]["predictor"]
+    assert predictor["serviceAccountName"] == f"{NAME}-storage"
+    assert predictor["model"]["storageUri"] == f"s3://mlpipeline/private/{NS}/models/mnist", "the namespace is read"
+    secret = standin.get("secrets", NS, f"{NAME}-storage")
+    assert secret["metadata"]["annotations"] == {
+        "serving.kserve.io/s3-endpoint": "seaweedfs.kubeflow:9000",
+        "serving.kserve.io/s3-usehttps": "0",
+        "serving.kserve.io/s3-region": "us-east-1",
+    }
+    assert {k: base64.b64decode(v).decode() for k, v in secret["data"].items()} == {
+        "AWS_ACCESS_KEY_ID": "ns-key",
+        "AWS_SECRET_ACCESS_KEY": "ns-secret",
+    }, "the keys KServe's s3AccessKeyIDName / s3SecretAccessKeyName name by default"
+    account = standin.get("serviceaccounts", NS, f"{NAME}-storage")
+    assert account["secrets"] == [{"name": f"{NAME}-storage"}]
+    for obj in (secret, account):
+        owners = obj["metadata"]["ownerReferences"]
+        assert [(o["kind"], o["name"], o["uid"]) for o in owners] == [
+            ("InferenceService", NAME, stored["metadata"]["uid"])
+        ]
+        kubernetes_validate.validate(
+            {k: v for k, v in obj.items() if k != "status"}
+            | {
+                "metadata": {
+                    k: v for k, v in obj["metadata"].items() if k in ("name", "namespace", "labels", "annotations")
+                }
+            },
+            K8S_VERSION,
+            strict=True,
+        )
+    again = steps.deploy_model(
+        published,
+        NAME,
+        20,
+        "2.20.0",
+        8,
+        f"s3://mlpipeline/private/{NS}/models/mnist/8",
+        storage="kfp",
+        api=api,
+        poll=0.1,
+    )
+    assert again["deployed"] and standin.get("secrets", NS, f"{NAME}-storage")["data"] == secret["data"]
+
+
+def test_without_both_keys_the_predictor_keeps_its_own_service_account(cluster, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
+    standin, api = cluster("ready")
+    result = steps.deploy_model("s3://models/m", NAME, 20, "2.20.0", 7, "s3://models/m/7", api=api, poll=0.1)
+    assert result["deployed"] and result["service_account"] == ""
+    assert "serviceAccountName" not in standin.get(RESOURCE, NS, NAME)["spec"]["predictor"]
+    assert standin.get("secrets", NS, f"{NAME}-storage") is None, "an AWS role (IRSA) or the default account's"
+
+
 @pytest.mark.parametrize("path", sorted(ROOT.joinpath("deploy").glob("rbac-*.yaml")), ids=lambda p: p.name)
-def test_the_rbac_roles_grant_exactly_what_the_deploy_step_calls(cluster, path):
-    """A create, then a patch of a new version, under the shipped Role."""
+def test_the_rbac_roles_grant_exactly_what_the_deploy_step_calls(cluster, path, monkeypatch):
+    """A create, then a patch of a new version, of an InferenceService on S3, under the shipped Role."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
     role = next(d for d in yaml.safe_load_all(path.read_text()) if d["kind"] == "Role")
     standin, api = cluster("ready", role=role, delay=0.1)
-    _deploy(api, version=1)
-    _deploy(api, version=2)
+    for version in (1, 2):
+        steps.deploy_model(
+            "s3://models/m",
+            NAME,
+            20,
+            "2.20.0",
+            version,
+            f"s3://models/m/{version}",
+            s3_endpoint="http://s3:9000",
+            api=api,
+        )
     assert Call("patch", RESOURCE, NS, NAME) in standin.calls
     used = {(call.resource, call.verb) for call in standin.calls}
+    deploy_resources = {RESOURCE, "secrets", "serviceaccounts"}
     granted = {
-        (f"{r}.{g}", v)
+        (f"{r}.{g}" if g else r, v)
         for rule in role["rules"]
         for g in rule["apiGroups"]
         for r in rule["resources"]
         for v in rule["verbs"]
-        if g == kserve_schema.GROUP
+        if (f"{r}.{g}" if g else r) in deploy_resources
     }
     assert used == granted, path.name

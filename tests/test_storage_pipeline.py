@@ -84,25 +84,58 @@ def _compiled(tmp_path, strategy="multi_worker_mirrored", **storage):
     return docs[0], executors
 
 
+STORING = {"exec-publish-model", "exec-deploy-model"}
+PS_TASKS = {"exec-train-chief", "exec-train-server"}
+
+
+def _secret_env(executor):
+    secret = executor["secretAsEnv"][0]
+    return secret["secretName"], {(k["secretKey"], k["envVar"]) for k in secret["keyToEnv"]}
+
+
 def test_the_yaml_carries_the_secret_environment_and_when_asked_the_volume(tmp_path):
-    spec, executors = _compiled(tmp_path, storage_secret="mlpipeline-minio-artifact", checkpoint_volume="shared")
-    secret = executors["exec-publish-model"]["secretAsEnv"][0]
-    assert secret["secretName"] == "mlpipeline-minio-artifact"
-    assert {(k["secretKey"], k["envVar"]) for k in secret["keyToEnv"]} == {
-        ("accesskey", "AWS_ACCESS_KEY_ID"),
-        ("secretkey", "AWS_SECRET_ACCESS_KEY"),
-    }
+    spec, executors = _compiled(tmp_path, storage_secret="s3-creds", checkpoint_volume="shared")
+    for name in STORING:
+        assert _secret_env(executors[name]) == (
+            "s3-creds",
+            {("accesskey", "AWS_ACCESS_KEY_ID"), ("secretkey", "AWS_SECRET_ACCESS_KEY")},
+        )
     mount = executors["exec-train-worker"]["pvcMount"][0]
     assert mount["mountPath"] == "/mnt/checkpoints"
     assert mount["pvcNameParameter"]["componentInputParameter"].endswith("checkpoint_claim")
     assert spec["root"]["inputDefinitions"]["parameters"]["checkpoint_claim"]["defaultValue"] == "shared"
-    assert not any("secretAsEnv" in e for name, e in executors.items() if name != "exec-publish-model")
+    assert not any("secretAsEnv" in e for name, e in executors.items() if name not in STORING)
 
     (tmp_path / "plain").mkdir()
     plain, plain_executors = _compiled(tmp_path / "plain")
     assert not any("secretAsEnv" in e or "pvcMount" in e for e in plain_executors.values())
-    assert plain["root"]["inputDefinitions"]["parameters"]["checkpoint_claim"]["defaultValue"] == ""
-    assert plain["root"]["inputDefinitions"]["parameters"]["s3_endpoint"]["defaultValue"] == ""
+    parameters = plain["root"]["inputDefinitions"]["parameters"]
+    assert parameters["checkpoint_claim"]["defaultValue"] == ""
+    assert parameters["s3_endpoint"]["defaultValue"] == parameters["storage"]["defaultValue"] == ""
+
+
+@pytest.mark.parametrize("strategy", ["multi_worker_mirrored", "parameter_server"])
+def test_storage_kfp_is_one_setting_for_every_step_that_stores(tmp_path, strategy):
+    spec, executors = _compiled(tmp_path, strategy, storage="kfp")
+    parameters = spec["root"]["inputDefinitions"]["parameters"]
+    assert parameters["storage"]["defaultValue"] == "kfp"
+    assert parameters["publish_uri"]["defaultValue"] == "s3://mlpipeline/private/{namespace}/models/mnist"
+    storing = STORING | (PS_TASKS if strategy == "parameter_server" else set())
+    assert {name for name, e in executors.items() if "secretAsEnv" in e} == storing
+    for name in storing:
+        assert _secret_env(executors[name]) == (
+            "mlpipeline-minio-artifact",
+            {("accesskey", "AWS_ACCESS_KEY_ID"), ("secretkey", "AWS_SECRET_ACCESS_KEY")},
+        )
+    assert {e["fieldPath"] for e in executors["exec-publish-model"]["fieldPathAsEnv"]} == {"metadata.namespace"}
+    components = spec["components"]
+    for name in ("comp-publish-model", "comp-deploy-model", *(("comp-train-chief",) if PS_TASKS & storing else ())):
+        assert {"storage", "s3_endpoint"} <= set(components[name]["inputDefinitions"]["parameters"]), name
+
+
+def test_storage_kfp_and_another_secret_are_one_too_many():
+    with pytest.raises(UsageError, match="storage_secret 's3-creds' is not allowed with storage 'kfp'"):
+        StorageSettings(storage="kfp", storage_secret="s3-creds")
 
 
 def test_the_parameter_server_pipeline_needs_no_status_location(tmp_path):

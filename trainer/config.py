@@ -31,6 +31,7 @@ from trainer.checks import (
     setting,
     text,
 )
+from trainer.errors import UsageError
 
 STRATEGIES = ("multi_worker_mirrored", "parameter_server")
 CLUSTER_MODES = ("kubernetes", "local")
@@ -212,14 +213,28 @@ class PublishConfig(Checked):
     )
     publish_uri: str = setting(
         "",
-        "where a model that passes the gate is published, in versioned directories with "
-        "latest.json: a path (a volume), s3://BUCKET/PREFIX (MinIO, AWS) or gs://BUCKET/PREFIX; empty: not published",
+        "where a model that passes the gate is published, in versioned directories with latest.json: a path (a "
+        "volume), s3://BUCKET/PREFIX (KFP's SeaweedFS, MinIO, AWS) or gs://BUCKET/PREFIX; {namespace} is the run's "
+        "namespace; empty: not published",
         check=location("s3", "gs"),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class StorageConfig(Checked):
+    """Which object store the s3:// locations (publish_uri, status_uri) are in, and with whose keys."""
+
+    storage: str = setting(
+        "",
+        "'kfp': the pipeline's own object store (KFP 2.16+: SeaweedFS at http://seaweedfs.kubeflow:9000, the "
+        "namespace's keys from the Secret mlpipeline-minio-artifact; compile with --storage kfp), where models go "
+        "under s3://mlpipeline/private/{namespace}/; empty: the locations, s3_endpoint and credentials given",
+        check=one_of("", "kfp"),
     )
     s3_endpoint: str = setting(
         "",
-        "the S3 endpoint of an s3:// publish_uri, such as http://minio-service.kubeflow:9000 (standalone KFP's "
-        "MinIO); empty: AWS S3, or $AWS_ENDPOINT_URL_S3",
+        "the S3 endpoint of s3:// locations (publish_uri, status_uri), such as http://seaweedfs.kubeflow:9000; "
+        "empty: the store storage names, else AWS S3 or $AWS_ENDPOINT_URL_S3",
         check=Check(
             lambda v: isinstance(v, str) and (v == "" or bool(re.match(r"^https?://[^/\s]+/?$", v))),
             "empty or http(s)://HOST[:PORT]",
@@ -253,12 +268,13 @@ class ServingConfig(Checked):
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """Everything one training task needs, in the four groups of the contract."""
+    """Everything one training task needs, in the five groups of the contract it uses."""
 
     runtime: RuntimeConfig
     data: DataConfig = DataConfig()
     optim: OptimConfig = OptimConfig()
     cluster: ClusterConfig = ClusterConfig()
+    storage: StorageConfig = StorageConfig()
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """The settings as plain JSON-ready dicts, group by group."""
@@ -269,13 +285,42 @@ class TrainConfig:
         """The config from `to_dict`'s output (every value checked again)."""
         return cls(**{f.name: GROUPS[f.name](**values.get(f.name, {})) for f in dataclasses.fields(cls)})
 
+    @classmethod
+    def from_settings(cls, **values: Any) -> TrainConfig:
+        """The config from settings given by name (`data_dir`, `model_dir`, `epochs`, ...); the rest keep defaults.
+
+        Raises:
+            UsageError: a name is not a setting of a training task, or `data_dir` or `model_dir` is missing.
+        """
+        groups = _by_group(values)
+        missing = [n for n in ("data_dir", "model_dir") if n not in groups.get("runtime", {})]
+        if missing:
+            raise UsageError(f"a training task needs {' and '.join(missing)}")
+        return cls(**{f.name: GROUPS[f.name](**groups.get(f.name, {})) for f in dataclasses.fields(cls)})
+
     def replace(self, **changes: Any) -> TrainConfig:
-        """A copy with settings changed by name, whichever group they are in."""
-        groups: dict[str, dict[str, Any]] = {}
-        for name, value in changes.items():
-            owner = next(g for g, cls in GROUPS.items() if name in {f.name for f in dataclasses.fields(cls)})
-            groups.setdefault(owner, {})[name] = value
+        """A copy with settings changed by name, whichever group they are in.
+
+        Raises:
+            UsageError: a name is not a setting of a training task.
+        """
+        groups = _by_group(changes)
         return dataclasses.replace(self, **{g: dataclasses.replace(getattr(self, g), **v) for g, v in groups.items()})
+
+
+def _by_group(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Settings by name sorted into TrainConfig's groups; a setting of another group is refused."""
+    own = {f.name: {s.name for s in dataclasses.fields(GROUPS[f.name])} for f in dataclasses.fields(TrainConfig)}
+    groups: dict[str, dict[str, Any]] = {}
+    for name, value in values.items():
+        owner = next((group for group, names in own.items() if name in names), None)
+        if owner is None:
+            raise UsageError(
+                f"{name!r} is not a setting of a training task; allowed: the settings of the groups "
+                f"{', '.join(own)} (trainer/config.py)"
+            )
+        groups.setdefault(owner, {})[name] = value
+    return groups
 
 
 GROUPS: dict[str, type] = {
@@ -283,6 +328,7 @@ GROUPS: dict[str, type] = {
     "data": DataConfig,
     "optim": OptimConfig,
     "cluster": ClusterConfig,
+    "storage": StorageConfig,
     "publish": PublishConfig,
     "serving": ServingConfig,
 }

@@ -82,6 +82,14 @@ def namespace() -> str:
         ) from None
 
 
+def namespace_if_pod() -> str | None:
+    """This pod's namespace, or None outside a pod (kfp.local, the CLIs)."""
+    try:
+        return namespace()
+    except UsageError:
+        return None
+
+
 def pod_name() -> str:
     """This pod's name: `POD_NAME` (downward API), else the host name, which Kubernetes sets to the pod's name."""
     return os.environ.get("POD_NAME") or socket.gethostname()

@@ -9,13 +9,21 @@ version makes a new revision even though the storageUri stays the same.
 A new revision that fails (the image cannot be pulled, the model does not load) leaves the previous one serving:
 KServe moves traffic only to a Ready revision. The step then fails with KServe's reason. Uses the `kubernetes`
 client (in-cluster config in a pod); never deletes anything.
+
+For an `s3://` location (KFP's SeaweedFS, MinIO, AWS) KServe's storage initializer needs the keys and the endpoint:
+it reads them from a Secret listed by the predictor's service account, the endpoint in the Secret's
+`serving.kserve.io/s3-*` annotations (`pkg/credentials/s3/s3_secret.go`). The step writes both from the keys it
+was given itself (`s3_credentials`), owned by the InferenceService, so they go when it is deleted.
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from trainer.errors import KubernetesError, UsageError
 
@@ -31,6 +39,14 @@ POLL_SECONDS = 5.0
 FAILED_TRANSITIONS = ("BlockedByFailedLoad", "InvalidSpec")
 FAILED_REASONS = ("RevisionFailed", "RevisionMissing", "ContainerMissing")
 READY_FAMILY = ("Ready", "PredictorReady", "LatestDeploymentReady", "PredictorConfigurationReady")
+LABELS = {
+    "app.kubernetes.io/name": "kfp-tf-multiworker",
+    "app.kubernetes.io/component": "serving",
+    "app.kubernetes.io/managed-by": "kubeflow-pipelines",
+}
+S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+S3_ANNOTATION = "serving.kserve.io/s3-"
+DEFAULT_REGION = "us-east-1"
 
 
 class RolloutFailed(KubernetesError):
@@ -49,32 +65,115 @@ def storage_uri(publish_uri: str) -> str:
     return publish_uri.rstrip("/")
 
 
-def manifest(name: str, storage: str, runtime_version: str, version: int, published_path: str) -> dict[str, Any]:
-    """The InferenceService: KServe's TF Serving runtime on the published root, pinned, tagged with the version."""
+def manifest(
+    name: str, storage: str, runtime_version: str, version: int, published_path: str, service_account: str = ""
+) -> dict[str, Any]:
+    """The InferenceService: KServe's TF Serving runtime on the published root, pinned, tagged with the version.
+
+    `service_account` is the predictor's (`s3_credentials`); empty: the namespace's default one.
+    """
+    predictor: dict[str, Any] = {
+        "annotations": {MODEL_VERSION_ANNOTATION: str(version)},
+        "model": {
+            "modelFormat": {"name": "tensorflow", "version": "2"},
+            "protocolVersion": "v1",
+            "runtimeVersion": runtime_version,
+            "storageUri": storage,
+        },
+    }
+    if service_account:
+        predictor["serviceAccountName"] = service_account
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": KIND,
         "metadata": {
             "name": name,
-            "labels": {
-                "app.kubernetes.io/name": "kfp-tf-multiworker",
-                "app.kubernetes.io/component": "serving",
-                "app.kubernetes.io/managed-by": "kubeflow-pipelines",
-            },
+            "labels": dict(LABELS),
             "annotations": {MODEL_VERSION_ANNOTATION: str(version), PUBLISHED_ANNOTATION: published_path},
         },
-        "spec": {
-            "predictor": {
-                "annotations": {MODEL_VERSION_ANNOTATION: str(version)},
-                "model": {
-                    "modelFormat": {"name": "tensorflow", "version": "2"},
-                    "protocolVersion": "v1",
-                    "runtimeVersion": runtime_version,
-                    "storageUri": storage,
-                },
-            }
-        },
+        "spec": {"predictor": predictor},
     }
+
+
+def s3_credentials(
+    name: str, endpoint: str, keys: Mapping[str, str], region: str = DEFAULT_REGION
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The Secret and the ServiceAccount that give KServe's storage initializer an S3 store's keys and endpoint.
+
+    Args:
+        name: the InferenceService's name; both are called `<name>-storage`.
+        endpoint: the store's URL (`http://seaweedfs.kubeflow:9000`); empty: AWS S3.
+        keys: `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`.
+        region: the store's region (SeaweedFS and MinIO take any).
+    """
+    annotations = {f"{S3_ANNOTATION}region": region}
+    if endpoint:
+        url = urlsplit(endpoint)
+        annotations.update(
+            {f"{S3_ANNOTATION}endpoint": url.netloc, f"{S3_ANNOTATION}usehttps": "1" if url.scheme == "https" else "0"}
+        )
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": f"{name}-storage", "labels": dict(LABELS), "annotations": annotations},
+        "type": "Opaque",
+        "data": {key: base64.b64encode(keys[key].encode()).decode() for key in S3_KEYS},
+    }
+    account = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": f"{name}-storage", "labels": dict(LABELS)},
+        "secrets": [{"name": f"{name}-storage"}],
+    }
+    return secret, account
+
+
+def apply_credentials(core: Any, namespace: str, objects: tuple[dict[str, Any], dict[str, Any]]) -> str:
+    """Creates the Secret and ServiceAccount of `s3_credentials`, or patches them into place; returns the account."""
+    from kubernetes.client.exceptions import ApiException
+
+    from trainer.k8s import explain
+
+    secret, account = objects
+    calls = (
+        ("secrets", secret, core.create_namespaced_secret, core.patch_namespaced_secret),
+        ("serviceaccounts", account, core.create_namespaced_service_account, core.patch_namespaced_service_account),
+    )
+    for resource, body, create, patch in calls:
+        try:
+            create(namespace, body)
+        except ApiException as err:
+            if err.status != 409:
+                raise explain(err, "create", resource, namespace) from None
+            try:
+                patch(body["metadata"]["name"], namespace, body)
+            except ApiException as err:
+                raise explain(err, "patch", resource, namespace) from None
+    return account["metadata"]["name"]
+
+
+def own_credentials(core: Any, namespace: str, account: str, service: dict[str, Any]) -> None:
+    """Makes the InferenceService the owner of its credentials, so that deleting it deletes them."""
+    from kubernetes.client.exceptions import ApiException
+
+    from trainer.k8s import explain
+
+    owner = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "name": service["metadata"]["name"],
+        "uid": service["metadata"]["uid"],
+        "blockOwnerDeletion": False,
+    }
+    patch = {"metadata": {"ownerReferences": [owner]}}
+    for resource, call in (
+        ("secrets", core.patch_namespaced_secret),
+        ("serviceaccounts", core.patch_namespaced_service_account),
+    ):
+        try:
+            call(account, namespace, patch)
+        except ApiException as err:
+            raise explain(err, "patch", resource, namespace) from None
 
 
 def apply(api: Any, namespace: str, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -207,15 +306,26 @@ def deploy(
     published_path: str,
     timeout: float,
     poll: float = POLL_SECONDS,
+    credentials: tuple[dict[str, Any], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Creates or patches the InferenceService for the published `version` and waits until it serves it.
 
+    With `credentials` (`s3_credentials`), their Secret and ServiceAccount are written first, the predictor runs
+    as that account, and the InferenceService owns both.
+
     Returns:
         `name`, `namespace`, `url` (KServe's), `predict_url` (TF Serving's REST predict endpoint behind it),
-        `created`, `generation` and `revision`.
+        `created`, `generation`, `revision` and `service_account` (empty: the namespace's default).
     """
-    body = manifest(name, storage_uri(publish_uri), runtime_version, version, published_path)
+    from kubernetes import client
+
+    location = storage_uri(publish_uri)
+    core = client.CoreV1Api(api.api_client)
+    account = apply_credentials(core, namespace, credentials) if credentials else ""
+    body = manifest(name, location, runtime_version, version, published_path, account)
     stored, created = apply(api, namespace, body)
+    if account:
+        own_credentials(core, namespace, account, stored)
     generation = int(stored.get("metadata", {}).get("generation") or 1)
     log.info("%s InferenceService %s (generation %d)", "created" if created else "patched", name, generation)
     status = wait_until_ready(api, namespace, name, generation, timeout, poll)
@@ -229,4 +339,5 @@ def deploy(
         "created": created,
         "generation": generation,
         "revision": predictor.get("latestReadyRevision", ""),
+        "service_account": account,
     }

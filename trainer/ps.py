@@ -146,8 +146,7 @@ def run_server(config: TrainConfig, tf_config: dict[str, Any], on_started: Calla
         cluster_lib.own_address(tf_config),
         os.getpid(),
     )
-    store = open_status(status_uri(config), config.runtime.run_id)
-    wait_for_chief(store, config.cluster.startup_timeout, config.cluster.chief_timeout, what)
+    wait_for_chief(status_store(config), config.cluster.startup_timeout, config.cluster.chief_timeout, what)
 
 
 def run(
@@ -182,7 +181,7 @@ def run(
     log_dir = run_log_dir(runtime.tensorboard_dir, runtime.run_id) if runtime.tensorboard_dir else ""
     if log_dir:
         check_writable_parent(f"{log_dir}/train")
-    with StatusPublisher(open_status(status_uri(config), runtime.run_id)):
+    with StatusPublisher(status_store(config)):
         if strategy is None:
             strategy = tf.distribute.experimental.ParameterServerStrategy(cluster_lib.cluster_resolver(tf_config))
         if on_formed:
@@ -222,3 +221,13 @@ def run(
 def status_uri(config: TrainConfig) -> str:
     """The status document's location: `status_uri`, or MODEL_DIR.status.json beside the model."""
     return config.runtime.status_uri or f"{config.runtime.model_dir.rstrip('/')}.status.json"
+
+
+def status_store(config: TrainConfig) -> Any:
+    """This run's status store: `status_uri` ({namespace} expanded), an s3:// one in the store `storage` names."""
+    from trainer import k8s, kfpstore
+
+    namespace = k8s.namespace_if_pod()
+    uri = kfpstore.expand(status_uri(config), namespace)
+    store = kfpstore.store(config.storage, namespace) if uri.startswith("s3://") else None
+    return open_status(uri, config.runtime.run_id, store)

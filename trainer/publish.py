@@ -74,6 +74,7 @@ def publish(
     publish_uri: str,
     lineage: dict[str, Any],
     s3_endpoint: str = "",
+    refused: str = "",
 ) -> dict[str, Any]:
     """Publishes unless the currently published model is better.
 
@@ -82,7 +83,8 @@ def publish(
         metrics: the evaluation's metrics; `accuracy` decides against the published model.
         publish_uri: a path, `s3://BUCKET/PREFIX` or `gs://BUCKET/PREFIX`.
         lineage: run, dataset, model URI and training parameters, recorded in `metrics.json` and `latest.json`.
-        s3_endpoint: the S3 endpoint URL (MinIO); empty: AWS.
+        s3_endpoint: the S3 endpoint URL (SeaweedFS, MinIO); empty: AWS.
+        refused: what to add when the store refuses a call (`trainer.kfpstore.Store.refused`).
 
     Returns:
         The decision: `published`, `reason`, `version`, `path` (when published) and `previous`.
@@ -97,7 +99,7 @@ def publish(
     settings.check("s3_endpoint", s3_endpoint)
     if not os.path.isfile(os.path.join(saved_model_dir, "saved_model.pb")):
         raise UsageError(f"model directory {saved_model_dir!r} holds no SavedModel")
-    target = Location(publish_uri, s3_endpoint)
+    target = Location(publish_uri, s3_endpoint, refused)
     previous = target.read_json(LATEST)
     accuracy = float(metrics["accuracy"])
     if previous is not None and accuracy < float(previous["metrics"]["accuracy"]):

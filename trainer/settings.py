@@ -28,14 +28,6 @@ def field(name: str) -> dataclasses.Field:
     raise KeyError(f"{name!r} is not a setting of the contract")
 
 
-def group_of(name: str) -> str:
-    """The group (`runtime`, `data`, `optim`, `cluster`, `publish`) the setting `name` belongs to."""
-    for group, cls in GROUPS.items():
-        if name in {f.name for f in dataclasses.fields(cls)}:
-            return group
-    raise KeyError(f"{name!r} is not a setting of the contract")
-
-
 def default(name: str) -> Any:
     """The contract's default of a setting (what the trainer CLIs use)."""
     f = field(name)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -33,14 +32,14 @@ class FileStatus:
 
     poll_seconds = 1.0
 
-    def __init__(self, uri: str) -> None:
+    def __init__(self, uri: str, endpoint: str = "", refused: str = "") -> None:
         from trainer.storage import Location, scheme_of
 
         self.where = uri
         head, _, self._name = uri.rstrip("/").rpartition("/")
         if not scheme_of(uri) and not head:
             head = "."
-        self._location = Location(head, os.environ.get("AWS_ENDPOINT_URL_S3", ""))
+        self._location = Location(head, endpoint, refused)
 
     def write(self, document: dict[str, Any]) -> None:
         """Replaces the document."""
@@ -131,8 +130,8 @@ class ConfigMapStatus:
             return None
 
 
-def open_status(uri: str, run_id: str = "") -> FileStatus | ConfigMapStatus:
-    """The status store `uri` names: `configmap:NAME`, or a path or object URI."""
+def open_status(uri: str, run_id: str = "", store: Any = None) -> FileStatus | ConfigMapStatus:
+    """The status store `uri` names: `configmap:NAME`, or a path or object URI in `store` (`kfpstore.Store`)."""
     if uri.startswith(CONFIGMAP):
         return ConfigMapStatus(uri[len(CONFIGMAP) :], run_id)
-    return FileStatus(uri)
+    return FileStatus(uri, store.endpoint if store else "", store.refused if store else "")

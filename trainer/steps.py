@@ -14,9 +14,8 @@ from typing import Any
 
 from trainer import cluster as cluster_lib
 from trainer.atomic import write_json
-from trainer.config import ClusterConfig, DataConfig, OptimConfig, PublishConfig, RuntimeConfig, TrainConfig
+from trainer.config import ClusterConfig, DataConfig, PublishConfig, TrainConfig
 from trainer.errors import TaskFailedError, UsageError
-from trainer.settings import group_of
 
 log = logging.getLogger(__name__)
 
@@ -78,18 +77,6 @@ def read_cluster(cluster_dir: str) -> dict[str, Any]:
     return record
 
 
-def _train_config(dataset: str, model_dir: str, run_id: str, **settings: Any) -> TrainConfig:
-    groups: dict[str, dict[str, Any]] = {"runtime": {"data_dir": dataset, "model_dir": model_dir, "run_id": run_id}}
-    for name, value in settings.items():
-        groups.setdefault(group_of(name), {})[name] = value
-    return TrainConfig(
-        runtime=RuntimeConfig(**groups["runtime"]),
-        data=DataConfig(**groups.get("data", {})),
-        optim=OptimConfig(**groups.get("optim", {})),
-        cluster=ClusterConfig(**groups.get("cluster", {})),
-    )
-
-
 def _storage_defaults(config: TrainConfig) -> TrainConfig:
     """Kubernetes mode: the parameter-server status on a ConfigMap of the run, checkpoints on the claim or in the pod.
 
@@ -134,7 +121,9 @@ def train_task(
     from trainer import discovery
     from trainer.supervisor import supervise
 
-    config = _storage_defaults(_train_config(dataset, model_dir, run_id, **settings))
+    config = _storage_defaults(
+        TrainConfig.from_settings(data_dir=dataset, model_dir=model_dir, run_id=run_id, **settings)
+    )
     record = read_cluster(cluster_dir)
     tf_config = cluster_lib.build_tf_config(record["cluster"], job, index)
     log.info("%s %d joins the cluster %s", job, index, json.dumps(record["cluster"]))
@@ -216,13 +205,26 @@ def publish_decision(result: dict[str, Any]) -> str:
 
 
 def publish_model(
-    model_dir: str, metrics: dict[str, Any], publish_uri: str, model_uri: str = "", s3_endpoint: str = ""
+    model_dir: str,
+    metrics: dict[str, Any],
+    publish_uri: str,
+    model_uri: str = "",
+    s3_endpoint: str = "",
+    storage: str = "",
 ) -> dict[str, Any]:
-    """Publishes the model behind the gate unless a better one is published; lineage comes from its history.json."""
+    """Publishes the model behind the gate unless a better one is published; lineage comes from its history.json.
+
+    `{namespace}` in `publish_uri` is this pod's namespace; `storage` `kfp` publishes to KFP's own object store.
+    """
+    from trainer import k8s, kfpstore
+    from trainer.config import StorageConfig
     from trainer.export import HISTORY_FILE, SAVED_MODEL_DIR
     from trainer.publish import publish
 
-    target = PublishConfig(publish_uri=publish_uri, s3_endpoint=s3_endpoint)
+    target = PublishConfig(publish_uri=publish_uri)
+    namespace = k8s.namespace_if_pod()
+    uri = kfpstore.expand(target.publish_uri, namespace)
+    store = kfpstore.store(StorageConfig(storage=storage, s3_endpoint=s3_endpoint), namespace)
     with open(os.path.join(model_dir, HISTORY_FILE)) as f:
         history = json.load(f)
     lineage = {
@@ -231,7 +233,7 @@ def publish_model(
         "model_uri": model_uri or model_dir,
         "parameters": history.get("parameters", {}),
     }
-    return publish(os.path.join(model_dir, SAVED_MODEL_DIR), metrics, target.publish_uri, lineage, target.s3_endpoint)
+    return publish(os.path.join(model_dir, SAVED_MODEL_DIR), metrics, uri, lineage, store.endpoint, store.refused)
 
 
 def deploy_model(
@@ -241,13 +243,17 @@ def deploy_model(
     serving_runtime_version: str,
     version: int,
     published_path: str,
+    storage: str = "",
+    s3_endpoint: str = "",
     api: Any = None,
     poll: float | None = None,
 ) -> dict[str, Any]:
     """Serves the published model with the KServe InferenceService `serving_name`; off when that is empty.
 
     Creates or patches it in this pod's namespace and waits until it is Ready. `version` and `published_path` are
-    what latest.json names after the publish step (the best model published so far), as its decision records.
+    what latest.json names after the publish step (the best model published so far), as its decision records. For an
+    s3:// location the InferenceService's storage initializer gets this step's own keys and the store's endpoint
+    (`trainer.kserve.s3_credentials`).
 
     Returns:
         `deployed` and `reason`, and when deployed the InferenceService's `url`, `predict_url`, `version`, ...
@@ -256,18 +262,26 @@ def deploy_model(
         UsageError: a bad setting, or nothing published; nothing was sent to the cluster.
         KubernetesError: the API refused a call, or the rollout failed (the previous revision keeps serving).
     """
-    from trainer import k8s, kserve
-    from trainer.config import ServingConfig
+    from trainer import k8s, kfpstore, kserve
+    from trainer.config import ServingConfig, StorageConfig
 
     settings = ServingConfig(
         serving_name=serving_name, serving_timeout=serving_timeout, serving_runtime_version=serving_runtime_version
     )
     if not settings.serving_name:
         return {"deployed": False, "reason": "not deployed: serving_name is empty"}
-    kserve.storage_uri(publish_uri)
+    uri = kfpstore.expand(PublishConfig(publish_uri=publish_uri).publish_uri, k8s.namespace_if_pod())
+    location = kserve.storage_uri(uri)
     if not version:
         raise UsageError(f"nothing is published at publish_uri {publish_uri!r} (version {version!r}); nothing to serve")
     namespace = k8s.namespace()
+    credentials = None
+    if location.startswith("s3://") and all(os.environ.get(key) for key in kserve.S3_KEYS):
+        store = kfpstore.store(StorageConfig(storage=storage, s3_endpoint=s3_endpoint), namespace)
+        endpoint = store.endpoint or os.environ.get("AWS_ENDPOINT_URL_S3", "")
+        keys = {key: os.environ[key] for key in kserve.S3_KEYS}
+        region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION") or kserve.DEFAULT_REGION
+        credentials = kserve.s3_credentials(settings.serving_name, endpoint, keys, region)
     if api is None:
         from kubernetes import client
 
@@ -276,12 +290,13 @@ def deploy_model(
         api,
         namespace,
         settings.serving_name,
-        publish_uri,
+        location,
         settings.serving_runtime_version,
         version,
         published_path,
         settings.serving_timeout,
         kserve.POLL_SECONDS if poll is None else poll,
+        credentials,
     )
     reason = f"InferenceService {settings.serving_name} serves version {version} at {result['url']}"
     log.info(reason)

@@ -51,15 +51,17 @@ class Location:
 
     Args:
         uri: a path, `file://PATH`, `s3://BUCKET/PREFIX` or `gs://BUCKET/PREFIX`.
-        endpoint: the S3 endpoint URL (MinIO); empty: AWS, or whatever `$AWS_ENDPOINT_URL_S3` says.
+        endpoint: the S3 endpoint URL (SeaweedFS, MinIO); empty: AWS, or whatever `$AWS_ENDPOINT_URL_S3` says.
+        refused: what to add to the line when the store refuses a call (where these credentials may write).
     """
 
-    def __init__(self, uri: str, endpoint: str = "") -> None:
+    def __init__(self, uri: str, endpoint: str = "", refused: str = "") -> None:
         import fsspec
 
         self.scheme = scheme_of(uri)
         self.uri = uri.rstrip("/")
         self.endpoint = endpoint
+        self.refused = refused
         if self.scheme == "s3":
             options: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False}
             if endpoint:
@@ -122,9 +124,10 @@ class Location:
                 "SignatureDoesNotMatch": "the secret key does not match the access key",
                 "403": "access denied (an unknown access key, a wrong secret key or a missing permission)",
             }.get(code, "access denied")
+            need = self.refused or f"need {permission} on bucket {self.bucket!r}"
             return StorageError(
                 f"{where}{self._at()} refused to {kind} {key!r}: {why} ({code or type(err).__name__}); the "
-                f"credentials ({_CREDENTIALS[self.scheme]}) need {permission} on bucket {self.bucket!r}"
+                f"credentials ({_CREDENTIALS[self.scheme]}) {need}"
             )
         detail = " ".join(str(err).split())[:200] or type(err).__name__
         return StorageError(f"{where}{self._at()}: {kind} {key!r} failed: {detail}")

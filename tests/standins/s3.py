@@ -44,10 +44,39 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class S3Server:
-    """moto_server on a free loopback port: bucket `models`, users `publisher` (s3:*) and `reader` (get, list)."""
+def profile_policy(namespace: str, bucket: str = "mlpipeline") -> dict:
+    """The policy KFP 2.17's profile controller gives a namespace's keys (`pipelines-profile-controller/sync.py`).
 
-    def __init__(self, log_dir: Path) -> None:
+    Its objects statement is sync.py's, word for word; listing the bucket is what 2.17's bucket policy
+    (`ensure_bucket_list_policy`) adds, with the same prefixes (moto checks the resource, not the prefix condition).
+    """
+    prefixes = ["artifacts/", f"private-artifacts/{namespace}/", f"private/{namespace}/", "shared/"]
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Action": ["s3:Put*", "s3:Get*", "s3:List*", "s3:DeleteObject"],
+                "Resource": [f"arn:aws:s3:::{bucket}/{prefix}*" for prefix in prefixes],
+            },
+            {
+                "Effect": "Allow",
+                "Action": ["s3:ListBucket"],
+                "Resource": [f"arn:aws:s3:::{bucket}"],
+                "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*" for prefix in prefixes]}},
+            },
+        ],
+    }
+
+
+class S3Server:
+    """moto_server on a free loopback port: bucket `models`, users `publisher` (s3:*) and `reader` (get, list).
+
+    With `kfp_namespaces`, also KFP's bucket `mlpipeline` and, per namespace, keys under the profile controller's
+    policy (`profile_policy`), in `self.namespace_keys`.
+    """
+
+    def __init__(self, log_dir: Path, kfp_namespaces: tuple[str, ...] = ()) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = open(log_dir / "moto_server.log", "w")  # noqa: SIM115 - closed in stop()
@@ -68,6 +97,9 @@ class S3Server:
         self.publisher = self._user("publisher", ["s3:*"])
         self.reader = self._user("reader", ["s3:GetObject", "s3:ListBucket"])
         self.client(self.publisher).create_bucket(Bucket=BUCKET)
+        self.namespace_keys = {ns: self._user(ns, policy=profile_policy(ns)) for ns in kfp_namespaces}
+        if kfp_namespaces:
+            self.client(self.publisher).create_bucket(Bucket="mlpipeline")
         request = urllib.request.Request(
             f"{self.url}/moto-api/reset-auth", data=b"0", method="POST", headers={"Content-Type": "text/plain"}
         )
@@ -84,21 +116,27 @@ class S3Server:
             aws_secret_access_key=keys.secret_key,
         )
 
-    def _user(self, name: str, actions: list[str]) -> Keys:
+    def _user(self, name: str, actions: list[str] = (), policy: dict | None = None) -> Keys:
         iam = self.client(Keys("setup", "setup"), "iam")
         iam.create_user(UserName=name)
-        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}]}
+        policy = policy or {
+            "Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Action": list(actions), "Resource": "*"}],
+        }
         iam.put_user_policy(UserName=name, PolicyName=f"{name}-s3", PolicyDocument=json.dumps(policy))
         key = iam.create_access_key(UserName=name)["AccessKey"]
         return Keys(key["AccessKeyId"], key["SecretAccessKey"])
 
-    def keys(self, prefix: str = "") -> list[str]:
+    def keys(self, prefix: str = "", bucket: str = BUCKET) -> list[str]:
         """Every object key in the bucket (under `prefix`), sorted; read with the publisher's key."""
-        pages = self.client(self.publisher).get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+        pages = self.client(self.publisher).get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
         return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
 
     def read(self, key: str) -> bytes:
-        return self.client(self.publisher).get_object(Bucket=BUCKET, Key=key)["Body"].read()
+        return self.read_from(BUCKET, key)
+
+    def read_from(self, bucket: str, key: str) -> bytes:
+        return self.client(self.publisher).get_object(Bucket=bucket, Key=key)["Body"].read()
 
     def empty(self) -> None:
         client = self.client(self.publisher)
