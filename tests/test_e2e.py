@@ -108,7 +108,8 @@ def test_the_pipeline_trains_in_containers_finding_each_other_by_service_name(cl
     assert (
         latest["metrics"]["accuracy"] == outputs["accuracy"] and (root / "published" / str(latest["version"])).is_dir()
     )
-    print(f"e2e run: {seconds:.0f}s, accuracy {outputs['accuracy']:.4f}")
+    with capfd.disabled():
+        print(f"\ne2e run: {seconds:.0f}s, accuracy {outputs['accuracy']:.4f}")
 
 
 class Killer:
@@ -159,11 +160,12 @@ def test_a_lost_worker_pod_is_re_created_by_the_retry_and_the_run_finishes(clust
     history = json.loads((Path(outputs.outputs["model"].path) / "history.json").read_text())
     assert [e["epoch"] for e in history["epochs"]] == list(range(1, 7))
     assert stand_in.api.items("services") == {}, "the replacement adopted its Service and deleted it at the end"
-    print(
-        f"e2e lost {'chief' if lost == 0 else f'worker {lost}'}: kill -> both training again "
-        f"{_seconds_after(killer.wall, logs, 'resuming from the checkpoint'):.0f}s, kill -> end of run "
-        f"{ended - killer.at:.0f}s, resumed after epoch {resumed[lost]}, accuracy {accuracy:.4f}"
-    )
+    with capfd.disabled():
+        print(
+            f"\ne2e lost {'chief' if lost == 0 else f'worker {lost}'}: kill -> both training again "
+            f"{_seconds_after(killer.wall, logs, 'resuming from the checkpoint'):.0f}s, kill -> end of run "
+            f"{ended - killer.at:.0f}s, resumed after epoch {resumed[lost]}, accuracy {accuracy:.4f}"
+        )
 
 
 def _seconds_after(wall, logs, text):

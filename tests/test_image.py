@@ -145,7 +145,7 @@ def test_what_the_steps_import_imports_as_that_user_and_only_that_is_installed(d
     )
 
 
-def test_the_image_is_at_most_1_5_gb_and_its_layers_are_reported(docker):
+def test_the_image_is_at_most_1_5_gb_and_its_layers_are_reported(docker, capsys):
     size = int(
         subprocess.run(
             [docker, "image", "inspect", "--format", "{{.Size}}", IMAGE], capture_output=True, text=True, check=True
@@ -154,14 +154,15 @@ def test_the_image_is_at_most_1_5_gb_and_its_layers_are_reported(docker):
     layers = subprocess.run(
         [docker, "history", "--format", "{{.Size}}\t{{.CreatedBy}}", IMAGE], capture_output=True, text=True, check=True
     ).stdout
-    print(f"image {IMAGE}: {size / 1e9:.2f} GB ({size} bytes); layers, newest first:")
-    for line in layers.splitlines():
-        layer_size, _, created_by = line.partition("\t")
-        print(f"  {layer_size:>8}  {' '.join(created_by.split())[:100]}")
+    with capsys.disabled():
+        print(f"\nimage {IMAGE}: {size / 1e9:.2f} GB ({size} bytes); layers, newest first:")
+        for line in layers.splitlines():
+            layer_size, _, created_by = line.partition("\t")
+            print(f"  {layer_size:>8}  {' '.join(created_by.split())[:100]}")
     assert size <= 1.5e9, f"{size / 1e9:.2f} GB"
 
 
-def test_a_worker_starts_in_the_container_and_forms_its_cluster(docker):
+def test_a_worker_starts_in_the_container_and_forms_its_cluster(docker, capsys):
     """Two workers started together in one container: from process start to "cluster formed", without a peer wait."""
     script = (
         "import json, re, subprocess, sys, time\n"
@@ -185,10 +186,11 @@ def test_a_worker_starts_in_the_container_and_forms_its_cluster(docker):
     )
     result = json.loads(_run(docker, "python", "-c", script).splitlines()[-1])
     assert result["codes"] == [0, 0] and len(result["formed"]) == 2, result
-    print(
-        f"worker start in the container, process start to cluster formed: {max(result['formed']):.1f}s "
-        f"(workers {result['formed']})"
-    )
+    with capsys.disabled():
+        print(
+            f"\nworker start in the container, process start to cluster formed: {max(result['formed']):.1f}s "
+            f"(workers {result['formed']})"
+        )
 
 
 def test_environment_has_no_pip_or_tls_settings_of_the_build_host(docker):
