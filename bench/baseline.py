@@ -27,8 +27,8 @@ def main() -> None:
 
     import tf_keras as keras
 
-    from trainer.model import build_model
-    from trainer.records import read_arrays
+    from trainer.data.tfrecords import read_arrays
+    from trainer.modeling.cnn import build_model
 
     images, labels, meta = read_arrays(args.data, "train")
     if args.examples:

@@ -52,7 +52,7 @@ def matmul_gflops(size=2048, repeats=20):
 
 def bench_model(meta):
     """The trainer's model for this dataset, built once to count its FLOPs and gradient tensors."""
-    from trainer.model import build_model
+    from trainer.modeling.cnn import build_model
 
     return build_model(tuple(meta["image_shape"]), meta["num_classes"], 0.001)
 
@@ -79,8 +79,8 @@ def input_pipeline_rate(data_dir, meta):
     """
     import tensorflow as tf
 
-    from trainer.config import DataConfig
-    from trainer.inputs import train_dataset
+    from trainer.config.contract import DataConfig
+    from trainer.data.inputs import train_dataset
 
     steps = meta["splits"]["train"]["num_examples"] // 64
     ds = train_dataset(data_dir, meta, DataConfig(), 64, steps, 1, 0, 0)

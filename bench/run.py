@@ -70,8 +70,8 @@ def main() -> None:
     work.mkdir(parents=True)
     import tensorflow as tf
 
-    from trainer import settings
-    from trainer.records import load_metadata
+    from trainer.config import registry as settings
+    from trainer.data.tfrecords import load_metadata
 
     if args.quick:
         data, dataset, epochs = work / "data", "shipped MNIST sample", 2
@@ -177,7 +177,7 @@ def main() -> None:
         run = train_run(data, work, "tta", 2, 5, "--validate")
         target = 0.90
         hit = next((e for e in run["history"]["epochs"] if e.get("val_accuracy", 0) >= target), None)
-        from trainer.evaluate import run as evaluate
+        from trainer.evaluation.metrics import run as evaluate
 
         final = evaluate(run["model_dir"], str(data))["accuracy"]
         results["time_to_accuracy"] = {

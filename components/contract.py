@@ -14,7 +14,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from trainer import settings as contract_settings
+from trainer.config import registry as contract_settings
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from trainer.idx import write_gz  # noqa: E402
+from trainer.data.idx import write_gz  # noqa: E402
 
 TRAIN_PER_CLASS = 400
 TEST_PER_CLASS = 100

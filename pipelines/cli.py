@@ -19,11 +19,12 @@ from pipelines.factories import DEFAULT_PODS, DEFAULT_STORAGE, FACTORIES, NAMES,
 from pipelines.local import LOCAL_MAX_WORKERS, LOCAL_OVERRIDES, run_local
 from pipelines.pods import PodSettings
 from pipelines.storage import KFP_KEYS, StorageSettings
-from trainer import __version__, settings
-from trainer.atomic import write_text
+from trainer import __version__
 from trainer.cli import run_cli
-from trainer.errors import UsageError
-from trainer.flags import Parser
+from trainer.config import registry as settings
+from trainer.config.flags import Parser
+from trainer.core.errors import UsageError
+from trainer.core.files import write_text
 
 log = logging.getLogger("pipelines")
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from trainer.errors import ServiceError
+from trainer.core.errors import ServiceError
 
 _CRON_DESCRIPTORS = {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
 _CRON_FIELDS = (

@@ -3,7 +3,7 @@
     prepare data -> create cluster -> training tasks (ParallelFor) -> evaluate + serving check -> quality gate
         -> publish -> deploy (a KServe InferenceService, when serving_name is set)
 
-Every parameter is a setting of the contract (`trainer.config`): its default and description come from there.
+Every parameter is a setting of the contract (`trainer.config.contract`): its default and description come from there.
 There is no exit handler: each training task creates its own Kubernetes Service when it joins and deletes it when
 its step ends, and the run's Argo Workflow owns every Service (docs/cluster.md says why: KFP runs no cleanup hook
 after a failed ParallelFor except around it in a dsl.ExitHandler, which forbids pipeline outputs, and

@@ -6,8 +6,8 @@ import time
 from typing import Any
 
 from pipelines.factories import mirrored_pipeline
-from trainer import settings
-from trainer.errors import UsageError
+from trainer.config import registry as settings
+from trainer.core.errors import UsageError
 
 LOCAL_MAX_WORKERS = 2
 LOCAL_IMAGE = "kfp-tf-multiworker:local"

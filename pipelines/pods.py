@@ -9,8 +9,8 @@ from typing import Any
 
 from kfp import kubernetes
 
-from trainer.errors import UsageError
-from trainer.k8s import APP
+from trainer.core.errors import UsageError
+from trainer.k8s.objects import APP
 
 # A lost pod's replacement is what its peers wait for (they restart in place at once), so it is retried soon.
 RETRY_BACKOFF = "10s"

@@ -21,8 +21,9 @@ from pipelines.deploy import (
     typed_params,
     upload,
 )
-from trainer import __version__, settings
-from trainer.errors import UsageError
+from trainer import __version__
+from trainer.config import registry as settings
+from trainer.core.errors import UsageError
 
 
 def add_server_arguments(parser: Any, action: str, pipeline_name: str) -> None:

@@ -1,7 +1,7 @@
 """Compile-time storage settings: the object store's credentials for the steps that store, and the checkpoint volume.
 
 Both become Kubernetes platform settings in the compiled YAML (`kfp.kubernetes`); kfp.local ignores them.
-`--storage kfp` is Kubeflow Pipelines' own object store (`trainer.kfpstore`: SeaweedFS, the namespace's keys in the
+`--storage kfp` is Kubeflow Pipelines' own object store (`trainer.storage.kfp`: SeaweedFS, the namespace's keys in the
 Secret `mlpipeline-minio-artifact`); `--storage-secret` names any other Secret (docs/storage.md).
 """
 
@@ -11,9 +11,10 @@ from typing import Any
 
 from kfp import kubernetes
 
-from trainer import kfpstore, settings
-from trainer.checkpoints import MOUNT
-from trainer.errors import UsageError
+from trainer.config import registry as settings
+from trainer.core.errors import UsageError
+from trainer.k8s.claims import MOUNT
+from trainer.storage import kfp as kfpstore
 
 KFP_KEYS = ",".join(f"{key}={env}" for key, env in kfpstore.SECRET_KEYS.items())
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")

@@ -29,8 +29,8 @@ def run_module(module: str, *args: str, env: dict | None = None, timeout: float 
 @pytest.fixture(scope="session")
 def sample_data(tmp_path_factory) -> str:
     """The shipped sample, prepared once per test session (real digits, 4,000 train / 1,000 test)."""
-    from trainer import prepare
-    from trainer.config import DataConfig
+    from trainer.config.contract import DataConfig
+    from trainer.data import sources as prepare
 
     out = tmp_path_factory.mktemp("prepared") / "mnist-sample"
     prepare.run(DataConfig(source="sample"), str(out))

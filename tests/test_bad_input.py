@@ -12,7 +12,7 @@ import pytest
 from tests.bad_input_pipeline import PIPELINE_CASES
 from tests.conftest import SAMPLE_DIR
 from trainer import evaluate, launch, prepare, train
-from trainer.idx import encode_idx
+from trainer.data.idx import encode_idx
 
 
 def _metadata(root, sample_data, name, change):

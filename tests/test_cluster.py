@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from trainer.cluster import build_tf_config, is_chief, make_cluster, parse_tf_config, peer_addresses
-from trainer.errors import UsageError
+from trainer.cluster.tf_config import build_tf_config, is_chief, make_cluster, parse_tf_config, peer_addresses
+from trainer.core.errors import UsageError
 
 WORKERS = ["w0.ns.svc:2222", "w1.ns.svc:2222", "w2.ns.svc:2222"]
 
@@ -85,7 +85,7 @@ def test_malformed_tf_config(text, message):
 
 
 def test_addresses_are_assigned_chief_workers_ps_and_read_back_in_that_order():
-    from trainer.cluster import assign_addresses, task_order
+    from trainer.cluster.tf_config import assign_addresses, task_order
 
     addresses = ["h0:1", "h1:1", "h2:1", "h3:1"]
     assert assign_addresses(addresses, 4) == {"worker": addresses}

@@ -14,9 +14,10 @@ from components import contract
 from pipelines.cli import compile_pipeline
 from pipelines.factories import FACTORIES
 from tests.conftest import ROOT
-from trainer import config, settings
-from trainer.errors import UsageError
-from trainer.flags import flag_name
+from trainer.config import contract as config
+from trainer.config import registry as settings
+from trainer.config.flags import flag_name
+from trainer.core.errors import UsageError
 
 IMAGE = "registry.example.com/team/kfp-tf-multiworker:9.9.9"
 
@@ -107,10 +108,12 @@ def test_a_default_changed_once_shows_up_in_the_cli_the_components_and_the_yaml(
     """Edit one default in a copy of the code, then read the CLI help, a component's default and the compiled YAML."""
     for package in ("trainer", "components", "pipelines"):
         shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
-    source = (tmp_path / "trainer" / "config.py").read_text()
+    source = (tmp_path / "trainer" / "config" / "contract.py").read_text()
     declaration = 'epochs: int = setting(12, "passes over the training data"'
     assert declaration in source
-    (tmp_path / "trainer" / "config.py").write_text(source.replace(declaration, declaration.replace("(12,", "(7,")))
+    (tmp_path / "trainer" / "config" / "contract.py").write_text(
+        source.replace(declaration, declaration.replace("(12,", "(7,"))
+    )
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
     script = (
         "import components, yaml, sys; from pipelines.cli import compile_pipeline; "

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer import mirrored, prepare
-from trainer.config import DataConfig, OptimConfig, RuntimeConfig, TrainConfig
-from trainer.errors import UsageError
-from trainer.evaluate import run as evaluate
+from trainer.config.contract import DataConfig, OptimConfig, RuntimeConfig, TrainConfig
+from trainer.core.errors import UsageError
+from trainer.data import sources as prepare
+from trainer.evaluation.metrics import run as evaluate
+from trainer.training import mirrored
 
 
 def ONE_DEVICE():  # noqa: N802 - reads as the strategy it builds

@@ -11,8 +11,12 @@ import yaml
 from tests.conftest import ROOT
 from tests.standins.dns import DnsServer, query
 from tests.standins.kube import Call, KubeStandIn
-from trainer import checkpoints, discovery, k8s, ps, status
-from trainer.errors import StartupTimeoutError
+from trainer.core.errors import StartupTimeoutError
+from trainer.k8s import claims as checkpoints
+from trainer.k8s import discovery
+from trainer.k8s import objects as k8s
+from trainer.k8s import status as configmap_status
+from trainer.training import parameter_server as ps
 
 RUN_ID = "7c1e5a3e-8c1d-4c53-9b8e-2f1e4d5c6a7b"
 NS = "team-a"
@@ -203,10 +207,10 @@ def test_the_rbac_roles_grant_exactly_what_a_training_step_calls(httpserver, mon
     discovery.leave_cluster(RUN_ID, position, api=api)
     assert standin.items("services") == {}
     # the parameter-server status (chief writes, servers read) and the checkpoint claim's access modes
-    store = status.ConfigMapStatus(status.configmap_name(RUN_ID), RUN_ID, api=api)
+    store = configmap_status.ConfigMapStatus(configmap_status.configmap_name(RUN_ID), RUN_ID, api=api)
     with ps.StatusPublisher(store):
         pass
-    ps.wait_for_chief(status.ConfigMapStatus(store.name, RUN_ID, api=api), 5, 30, "ps 0")
+    ps.wait_for_chief(configmap_status.ConfigMapStatus(store.name, RUN_ID, api=api), 5, 30, "ps 0")
     standin.add(
         "persistentvolumeclaims", NS, {"metadata": {"name": "ckpt"}, "spec": {"accessModes": ["ReadWriteMany"]}}
     )

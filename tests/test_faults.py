@@ -13,9 +13,9 @@ import time
 import pytest
 
 from tests.conftest import ROOT, trainer_args
-from trainer.cluster import build_tf_config
-from trainer.evaluate import run as evaluate
-from trainer.launch import free_ports
+from trainer.cluster.local import free_ports
+from trainer.cluster.tf_config import build_tf_config
+from trainer.evaluation.metrics import run as evaluate
 
 
 def _env(extra=None):

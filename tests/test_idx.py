@@ -3,8 +3,8 @@ import gzip
 import numpy as np
 import pytest
 
-from trainer.errors import UsageError
-from trainer.idx import encode_idx, parse_idx, read_split, write_gz
+from trainer.core.errors import UsageError
+from trainer.data.idx import encode_idx, parse_idx, read_split, write_gz
 
 
 def _write_split(directory, images, labels, split="train"):

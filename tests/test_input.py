@@ -5,9 +5,9 @@ import shutil
 import numpy as np
 import tensorflow as tf
 
-from trainer.config import DataConfig
-from trainer.inputs import train_dataset
-from trainer.records import load_metadata, shard_paths
+from trainer.config.contract import DataConfig
+from trainer.data.inputs import train_dataset
+from trainer.data.tfrecords import load_metadata, shard_paths
 
 
 def _batches(data_dir: str, steps: int, epochs: int) -> tuple:

@@ -8,9 +8,9 @@ import yaml
 
 from tests.conftest import ROOT
 from tests.standins.kube import Call, KubeStandIn
-from trainer import k8s
-from trainer.cluster import next_port
-from trainer.errors import KubernetesError, UsageError
+from trainer.cluster.tf_config import next_port
+from trainer.core.errors import KubernetesError, UsageError
+from trainer.k8s import objects as k8s
 
 RUN_ID = "0b6f5a3e-8c1d-4c53-9b8e-2f1e4d5c6a7b"
 K8S_VERSION = "1.30.0"
@@ -130,7 +130,7 @@ def test_deploy_roles_validate_against_kubernetes_schemas(path):
 
 def test_the_network_policy_validates_and_opens_the_training_and_control_ports_between_training_pods():
     from pipelines.pods import TRAINING
-    from trainer import settings
+    from trainer.config import registry as settings
 
     assert {p.name for p in (ROOT / "deploy").glob("*.yaml")} == {
         "rbac-kubeflow-multi-user.yaml",

@@ -13,9 +13,11 @@ import time
 import pytest
 
 from tests.standins.s3 import S3Server
-from trainer import kfpstore, ps, steps
+from trainer import steps
 from trainer.cli import run_step
-from trainer.config import TrainConfig
+from trainer.config.contract import TrainConfig
+from trainer.storage import kfp as kfpstore
+from trainer.training import parameter_server as ps
 
 pytestmark = pytest.mark.slow  # a server process and a SavedModel
 

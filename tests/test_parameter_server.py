@@ -11,11 +11,11 @@ import pytest
 
 from tests.conftest import trainer_args
 from tests.test_faults import Streamed, _env, launch
-from trainer import ps
-from trainer.cluster import build_tf_config, make_cluster
-from trainer.errors import EXIT_PEER_UNAVAILABLE, ChiefFailedError, PeerUnavailableError
-from trainer.evaluate import run as evaluate
-from trainer.launch import free_ports
+from trainer.cluster.local import free_ports
+from trainer.cluster.tf_config import build_tf_config, make_cluster
+from trainer.core.errors import EXIT_PEER_UNAVAILABLE, ChiefFailedError, PeerUnavailableError
+from trainer.evaluation.metrics import run as evaluate
+from trainer.training import parameter_server as ps
 
 
 def _processes_alive(pids):

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from tests.conftest import run_module
-from trainer.config import DataConfig
-from trainer.errors import UsageError
-from trainer.idx import write_gz
-from trainer.prepare import parse_source, run, sample_dir
-from trainer.records import load_metadata, read_arrays, verify_split
+from trainer.config.contract import DataConfig
+from trainer.core.errors import UsageError
+from trainer.data.idx import write_gz
+from trainer.data.sources import parse_source, run, sample_dir
+from trainer.data.tfrecords import load_metadata, read_arrays, verify_split
 
 FASHION = "/usr/share/datasets/fashion-mnist"
 
@@ -142,7 +142,7 @@ def test_tfds_source_reads_a_prepared_tfds_dataset(tmp_path):
     """A real TFDS builder, prepared into a data_dir from the shipped digits, read through the tfds source."""
     import tensorflow_datasets as tfds
 
-    from trainer.idx import read_split
+    from trainer.data.idx import read_split
 
     class ShippedDigits(tfds.core.GeneratorBasedBuilder):
         VERSION = tfds.core.Version("1.0.0")

@@ -11,9 +11,12 @@ import pytest
 from tests.conftest import trainer_args
 from tests.standins.kube import Call, KubeStandIn, write_kubeconfig
 from tests.test_parameter_server import finish_ps_job, kill_one
-from trainer import k8s, ps, status, steps
-from trainer.config import ClusterConfig, RuntimeConfig, TrainConfig
-from trainer.errors import EXIT_PEER_UNAVAILABLE, ChiefFailedError, KubernetesError, PeerUnavailableError
+from trainer import steps
+from trainer.config.contract import ClusterConfig, RuntimeConfig, TrainConfig
+from trainer.core.errors import EXIT_PEER_UNAVAILABLE, ChiefFailedError, KubernetesError, PeerUnavailableError
+from trainer.k8s import objects as k8s
+from trainer.k8s import status as configmap_status
+from trainer.training import parameter_server as ps
 
 pytestmark = pytest.mark.slow  # each test starts a server or a fresh TensorFlow process
 
@@ -35,12 +38,14 @@ def cluster(httpserver, monkeypatch):
 
 
 def _store(url, name=None):
-    return status.ConfigMapStatus(name or status.configmap_name(RUN_ID), RUN_ID, api=k8s.core_api(host=url))
+    return configmap_status.ConfigMapStatus(
+        name or configmap_status.configmap_name(RUN_ID), RUN_ID, api=k8s.core_api(host=url)
+    )
 
 
 def test_the_chief_keeps_its_status_on_a_configmap_owned_by_the_run(cluster):
     standin, url = cluster
-    name = status.configmap_name(RUN_ID)
+    name = configmap_status.configmap_name(RUN_ID)
     with ps.StatusPublisher(_store(url)):
         found = standin.get("configmaps", NS, name)
         assert json.loads(found["data"]["status.json"])["state"] == "running"
@@ -83,7 +88,9 @@ def test_a_retried_chief_takes_over_its_configmap(cluster):
     with pytest.raises(RuntimeError), ps.StatusPublisher(_store(url)):
         raise RuntimeError("first attempt")
     with ps.StatusPublisher(_store(url)):
-        found = json.loads(standin.get("configmaps", NS, status.configmap_name(RUN_ID))["data"]["status.json"])
+        found = json.loads(
+            standin.get("configmaps", NS, configmap_status.configmap_name(RUN_ID))["data"]["status.json"]
+        )
         assert found["state"] == "running"
 
 
@@ -111,7 +118,7 @@ def _kubeconfig(tmp_path, url):
 
 def test_chief_ps_and_two_workers_finish_through_the_configmap_and_all_exit_zero(cluster, sample_data, tmp_path):
     standin, url = cluster
-    name = status.configmap_name(RUN_ID)
+    name = configmap_status.configmap_name(RUN_ID)
     args = trainer_args(sample_data, tmp_path / "model", "--epochs", "3", "--run-id", RUN_ID)
     finish_ps_job([*args, "--status-uri", f"configmap:{name}"], timeout=300, env=_kubeconfig(tmp_path, url))
     assert json.loads(standin.get("configmaps", NS, name)["data"]["status.json"])["state"] == "succeeded"

@@ -14,9 +14,9 @@ import uuid
 import pytest
 
 from tests.standins.s3 import BUCKET, FaultyProxy, S3Server
-from trainer.errors import UsageError
-from trainer.publish import latest, publish
-from trainer.storage import StorageError
+from trainer.core.errors import UsageError
+from trainer.storage.locations import StorageError
+from trainer.storage.publish import latest, publish
 
 pytestmark = pytest.mark.slow  # each test starts a server or a fresh TensorFlow process
 

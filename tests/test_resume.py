@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from trainer.control import Control, PeerState
-from trainer.errors import EXIT_STARTUP_TIMEOUT, PeerUnavailableError, StartupTimeoutError
-from trainer.launch import free_ports
-from trainer.resume import MANIFEST, CheckpointHome, Manifest, agree, task_dir
-from trainer.supervisor import Supervisor
+from trainer.cluster.control import Control, PeerState
+from trainer.cluster.local import free_ports
+from trainer.cluster.resume import MANIFEST, CheckpointHome, Manifest, agree, task_dir
+from trainer.cluster.supervisor import Supervisor
+from trainer.core.errors import EXIT_STARTUP_TIMEOUT, PeerUnavailableError, StartupTimeoutError
 
 
 def write_checkpoint(home: CheckpointHome, epoch: int, payload: bytes, history=()) -> Manifest:

@@ -10,10 +10,12 @@ from kfp.dsl import HTML, ClassificationMetrics, Dataset, Metrics, Model
 
 import components
 from pipelines.local import publish_summary
-from trainer import evaluate, serving_check, steps
-from trainer.export import save_model
-from trainer.model import build_model, serving_function
-from trainer.records import read_arrays
+from trainer import steps
+from trainer.data.tfrecords import read_arrays
+from trainer.evaluation import metrics as evaluate
+from trainer.modeling.cnn import build_model, serving_function
+from trainer.modeling.export import save_model
+from trainer.serving import check as serving_check
 
 pytestmark = pytest.mark.slow  # each test starts a server or a fresh TensorFlow process
 

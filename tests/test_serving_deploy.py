@@ -17,9 +17,11 @@ from kubernetes import client
 from tests import kserve_schema
 from tests.conftest import ROOT
 from tests.standins.kube import Call, KubeStandIn
-from trainer import k8s, kserve, steps
+from trainer import steps
 from trainer.cli import run_step
-from trainer.errors import KubernetesError, UsageError
+from trainer.core.errors import KubernetesError, UsageError
+from trainer.k8s import objects as k8s
+from trainer.serving import kserve
 
 NS = "kubeflow-user-example-com"
 NAME = "mnist"

@@ -1,5 +1,5 @@
 """The stand-ins, driven by the real clients over real sockets on loopback: the `kubernetes` client with its own
-in-cluster config loader over HTTPS, dnslib queries over UDP and TCP, and the project's `trainer.k8s` calls.
+in-cluster config loader over HTTPS, dnslib queries over UDP and TCP, and the project's `trainer.k8s.objects` calls.
 """
 
 import json
@@ -15,7 +15,7 @@ from kubernetes.config.incluster_config import InClusterConfigLoader
 from tests.standins.dns import DnsServer, query
 from tests.standins.incluster import make_incluster
 from tests.standins.kube import Call, KubeStandIn
-from trainer import k8s
+from trainer.k8s import objects as k8s
 
 RUN_ID = "0b6f5a3e-8c1d-4c53-9b8e-2f1e4d5c6a7b"
 NS = "team-a"

@@ -17,7 +17,7 @@ from tests.standins import netns
 from tests.standins.cluster import StandInCluster, resolv_conf
 from tests.standins.dns import DnsServer
 from tests.standins.kube import Call, KubeStandIn
-from trainer import k8s
+from trainer.k8s import objects as k8s
 
 REASON = netns.unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"network-namespace pods: {REASON}")
@@ -33,7 +33,7 @@ for name in sys.argv[1:]:
 print(json.dumps(out))
 """
 JOIN = """import json, sys
-from trainer import discovery
+from trainer.k8s import discovery
 addresses = json.loads(sys.argv[1])
 discovery.join_cluster({"worker": addresses}, "worker", 0, sys.argv[2], timeout=20, unschedulable_timeout=20)
 """

@@ -11,8 +11,8 @@ from tests.standins.dns import query
 from tests.standins.incluster import SERVICEACCOUNT_MOUNT
 from tests.standins.kube import Call, KubeStandIn
 from tests.standins.objects import label_matcher
-from trainer import k8s
-from trainer.errors import KubernetesError
+from trainer.core.errors import KubernetesError
+from trainer.k8s import objects as k8s
 
 RUN_ID = "0b6f5a3e-8c1d-4c53-9b8e-2f1e4d5c6a7b"
 NS = "team-a"

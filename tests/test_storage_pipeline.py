@@ -8,9 +8,10 @@ import components
 from pipelines.cli import compile_pipeline
 from pipelines.storage import StorageSettings
 from tests.standins.kube import KubeStandIn, write_kubeconfig
-from trainer import checkpoints, k8s
-from trainer.config import RuntimeConfig, TrainConfig
-from trainer.errors import UsageError
+from trainer.config.contract import RuntimeConfig, TrainConfig
+from trainer.core.errors import UsageError
+from trainer.k8s import claims as checkpoints
+from trainer.k8s import objects as k8s
 
 IMAGE = "registry.example.com/team/kfp-tf-multiworker:9.9.9"
 NS = "team-a"

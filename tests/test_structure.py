@@ -9,33 +9,29 @@ PACKAGES = ("trainer", "components", "pipelines")
 
 
 def _modules():
+    """Every module of the packages, subpackages included: (dotted name, path)."""
     for package in PACKAGES:
-        for path in sorted((ROOT / package).glob("*.py")):
-            name = f"{package}.{path.stem}" if path.stem != "__init__" else package
-            yield name, path
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            yield ".".join(parts[:-1] if parts[-1] == "__init__" else parts), path
 
 
-def _imports(path: Path, package: str) -> set[str]:
-    """Every module this file imports, at the top or inside a function."""
+def _imports(path: Path) -> set[str]:
+    """Every module this file imports, at the top or inside a function (relative imports are not used here)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join([package, *filter(None, [base])])
-            found.add(base)
-            found.update(f"{base}.{alias.name}" for alias in node.names)
+            assert not node.level, f"{path}: a relative import"
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
     return found
 
 
 def import_graph() -> dict[str, set[str]]:
     modules = dict(_modules())
-    return {
-        name: {m for m in _imports(path, name.split(".")[0]) if m in modules and m != name}
-        for name, path in modules.items()
-    }
+    return {name: {m for m in _imports(path) if m in modules and m != name} for name, path in modules.items()}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -63,11 +59,49 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_no_import_cycle_even_through_function_level_imports():
     graph = import_graph()
     assert graph["trainer.train"] and graph["pipelines.factories"], "the walk found the project's imports"
+    assert "trainer.cluster.tf_config" in graph["trainer.cluster.supervisor"], "and the subpackages' modules"
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"], "the check itself finds one"
 
 
+def _importers(root: str, prefix: str) -> set[str]:
+    return {
+        name
+        for name, path in _modules()
+        if name.startswith(prefix) and any(m == root or m.startswith(f"{root}.") for m in _imports(path))
+    }
+
+
 def test_the_trainer_never_imports_kfp():
-    for name, path in _modules():
-        if name.startswith("trainer"):
-            assert not {m for m in _imports(path, "trainer") if m == "kfp" or m.startswith("kfp.")}, name
+    assert _importers("kfp", "trainer") == set()
+    assert "pipelines.factories" in _importers("kfp", "pipelines"), "the check sees kfp where it is used"
+
+
+def test_the_kubernetes_client_is_used_only_by_the_kubernetes_package_and_the_kserve_deployment():
+    assert _importers("kubernetes", "trainer") == {
+        "trainer.k8s.claims",
+        "trainer.k8s.discovery",
+        "trainer.k8s.objects",
+        "trainer.k8s.status",
+        "trainer.serving.kserve",
+    }
+
+
+def test_the_trainer_is_grouped_by_concern_with_only_entry_points_at_the_top():
+    top = {p.stem for p in (ROOT / "trainer").glob("*.py")}
+    assert top == {"__init__", "cli", "steps", "train", "prepare", "evaluate", "launch"}, "commands and steps"
+    packages = {p.parent.name for p in (ROOT / "trainer").glob("*/__init__.py")}
+    assert packages == {
+        "config",
+        "core",
+        "data",
+        "modeling",
+        "training",
+        "cluster",
+        "k8s",
+        "storage",
+        "evaluation",
+        "serving",
+    }
+    for package in packages:
+        assert ast.get_docstring(ast.parse((ROOT / "trainer" / package / "__init__.py").read_text())), package

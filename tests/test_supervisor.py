@@ -10,8 +10,8 @@ import time
 import pytest
 
 from tests.conftest import ROOT, run_module, trainer_args
-from trainer.cluster import build_tf_config
-from trainer.launch import free_ports
+from trainer.cluster.local import free_ports
+from trainer.cluster.tf_config import build_tf_config
 
 
 def _env(**extra):

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import run_module, trainer_args
-from trainer.evaluate import compute_metrics
-from trainer.evaluate import run as evaluate
-from trainer.launch import free_ports
+from trainer.cluster.local import free_ports
+from trainer.evaluation.metrics import compute_metrics
+from trainer.evaluation.metrics import run as evaluate
 
 
 def _launch(workers, sample_data, model_dir, tmp_path, *extra):

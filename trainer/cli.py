@@ -1,4 +1,4 @@
-"""What every entry point shares: logging set-up and the exit-code contract (`trainer.errors`).
+"""What every entry point shares: logging set-up and the exit-code contract (`trainer.core.errors`).
 
 `run_cli` runs a CLI's body and `run_step` a pipeline step's; both turn a known failure into one `error:` line on
 stderr and its exit code, and an unexpected one into its traceback followed by an `error:` line and exit 1.
@@ -12,7 +12,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from trainer.errors import (
+from trainer.core.errors import (
     EXIT_FAILED,
     ChiefFailedError,
     PeerUnavailableError,

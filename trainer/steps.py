@@ -12,10 +12,10 @@ import logging
 import os
 from typing import Any
 
-from trainer import cluster as cluster_lib
-from trainer.atomic import write_json
-from trainer.config import ClusterConfig, DataConfig, PublishConfig, TrainConfig
-from trainer.errors import TaskFailedError, UsageError
+from trainer.cluster import tf_config as cluster_lib
+from trainer.config.contract import ClusterConfig, DataConfig, PublishConfig, TrainConfig
+from trainer.core.errors import TaskFailedError, UsageError
+from trainer.core.files import write_json
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ def prepare_data(
     output: str, source: str, max_train_examples: int, max_test_examples: int, num_shards: int
 ) -> dict[str, Any]:
     """Prepares the dataset into `output`; returns the counts the Dataset artifact records."""
-    from trainer import prepare
+    from trainer.data import sources as prepare
 
     data = DataConfig(
         source=source, max_train_examples=max_train_examples, max_test_examples=max_test_examples, num_shards=num_shards
@@ -49,8 +49,8 @@ def create_cluster(
     Kubernetes mode names one headless Service per task in this pod's namespace (each task creates its own when it
     joins); local mode picks free loopback ports.
     """
-    from trainer import k8s
-    from trainer.launch import local_topology
+    from trainer.cluster.local import local_topology
+    from trainer.k8s import objects as k8s
 
     settings = ClusterConfig(num_workers=num_workers, cluster_mode=cluster_mode, port=port, num_ps=max(num_ps, 1))
     if settings.cluster_mode == "local":
@@ -81,16 +81,19 @@ def _storage_defaults(config: TrainConfig) -> TrainConfig:
     """Kubernetes mode: the parameter-server status on a ConfigMap of the run, checkpoints on the claim or in the pod.
 
     Without a claim or a `checkpoint_dir`, checkpoints stay in the pod's own temporary directory: a replaced pod
-    starts without them and a survivor hands its copy over (`trainer.resume`).
+    starts without them and a survivor hands its copy over (`trainer.cluster.resume`).
     """
     import tempfile
 
-    from trainer import checkpoints, k8s, status
+    from trainer.k8s import claims as checkpoints
+    from trainer.k8s import objects as k8s
+    from trainer.k8s import status as configmap_status
+    from trainer.storage import status
 
     if config.cluster.cluster_mode != "kubernetes":
         return config
     if config.cluster.strategy == "parameter_server" and not config.runtime.status_uri:
-        config = config.replace(status_uri=status.CONFIGMAP + status.configmap_name(config.runtime.run_id))
+        config = config.replace(status_uri=status.CONFIGMAP + configmap_status.configmap_name(config.runtime.run_id))
     config = checkpoints.on_claim(config)
     if not config.runtime.checkpoint_dir:
         pod_local = os.path.join(tempfile.gettempdir(), "tf-checkpoints", k8s.run_key(config.runtime.run_id))
@@ -118,8 +121,8 @@ def train_task(
     Raises:
         TaskFailedError: the training process failed; its own `error:` line says why, its exit code is kept.
     """
-    from trainer import discovery
-    from trainer.supervisor import supervise
+    from trainer.cluster.supervisor import supervise
+    from trainer.k8s import discovery
 
     config = _storage_defaults(
         TrainConfig.from_settings(data_dir=dataset, model_dir=model_dir, run_id=run_id, **settings)
@@ -152,7 +155,7 @@ def train_task(
 def evaluate(dataset: str, model_dirs: list[str], report: str, chief_copy: str, min_accuracy: float) -> dict[str, Any]:
     """Evaluates the chief's exported SavedModel, runs the serving check, writes the HTML report, copies the model.
 
-    The serving check (`trainer.serving_check`) serves the SavedModel in a fresh process the way TF Serving does
+    The serving check (`trainer.serving.check`) serves the SavedModel in a fresh process the way TF Serving does
     and compares its answers for the first held-out images with the evaluation's.
 
     Returns:
@@ -162,10 +165,10 @@ def evaluate(dataset: str, model_dirs: list[str], report: str, chief_copy: str, 
     """
     import shutil
 
-    from trainer import evaluate as evaluation
-    from trainer import serving_check
-    from trainer.export import HISTORY_FILE, SAVED_MODEL_DIR
-    from trainer.report import write_html
+    from trainer.evaluation import metrics as evaluation
+    from trainer.evaluation.report import write_html
+    from trainer.modeling.export import HISTORY_FILE, SAVED_MODEL_DIR
+    from trainer.serving import check as serving_check
 
     gate = PublishConfig(min_accuracy=min_accuracy)
     chiefs = [d for d in model_dirs if os.path.isdir(os.path.join(d, SAVED_MODEL_DIR))]
@@ -216,10 +219,11 @@ def publish_model(
 
     `{namespace}` in `publish_uri` is this pod's namespace; `storage` `kfp` publishes to KFP's own object store.
     """
-    from trainer import k8s, kfpstore
-    from trainer.config import StorageConfig
-    from trainer.export import HISTORY_FILE, SAVED_MODEL_DIR
-    from trainer.publish import publish
+    from trainer.config.contract import StorageConfig
+    from trainer.k8s import objects as k8s
+    from trainer.modeling.export import HISTORY_FILE, SAVED_MODEL_DIR
+    from trainer.storage import kfp as kfpstore
+    from trainer.storage.publish import publish
 
     target = PublishConfig(publish_uri=publish_uri)
     namespace = k8s.namespace_if_pod()
@@ -253,7 +257,7 @@ def deploy_model(
     Creates or patches it in this pod's namespace and waits until it is Ready. `version` and `published_path` are
     what latest.json names after the publish step (the best model published so far), as its decision records. For an
     s3:// location the InferenceService's storage initializer gets this step's own keys and the store's endpoint
-    (`trainer.kserve.s3_credentials`).
+    (`trainer.serving.kserve.s3_credentials`).
 
     Returns:
         `deployed` and `reason`, and when deployed the InferenceService's `url`, `predict_url`, `version`, ...
@@ -262,8 +266,10 @@ def deploy_model(
         UsageError: a bad setting, or nothing published; nothing was sent to the cluster.
         KubernetesError: the API refused a call, or the rollout failed (the previous revision keeps serving).
     """
-    from trainer import k8s, kfpstore, kserve
-    from trainer.config import ServingConfig, StorageConfig
+    from trainer.config.contract import ServingConfig, StorageConfig
+    from trainer.k8s import objects as k8s
+    from trainer.serving import kserve
+    from trainer.storage import kfp as kfpstore
 
     settings = ServingConfig(
         serving_name=serving_name, serving_timeout=serving_timeout, serving_runtime_version=serving_runtime_version
@@ -283,9 +289,7 @@ def deploy_model(
         region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION") or kserve.DEFAULT_REGION
         credentials = kserve.s3_credentials(settings.serving_name, endpoint, keys, region)
     if api is None:
-        from kubernetes import client
-
-        api = client.CustomObjectsApi(k8s.core_api().api_client)
+        api = k8s.custom_objects_api()
     result = kserve.deploy(
         api,
         namespace,

@@ -4,8 +4,8 @@
         trainer-train --data /tmp/mnist --model-dir /tmp/model
 
 With no TF_CONFIG the same code trains in this process. As a member of a cluster it trains in a child process
-under `trainer.supervisor` (start-up watchdog, prompt cancel, `--max-restarts` restarts in place). The flags are
-the contract's settings (`trainer.config`); this is the only place that reads TF_CONFIG from the environment.
+under `trainer.cluster.supervisor` (start-up watchdog, prompt cancel, `--max-restarts` restarts in place). The flags are
+the contract's settings (`trainer.config.contract`); this is the only place that reads TF_CONFIG from the environment.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ import os
 import sys
 from typing import Any
 
-from trainer import cluster as cluster_lib
 from trainer.cli import run_cli
-from trainer.config import ClusterConfig, DataConfig, OptimConfig, RuntimeConfig, TrainConfig
-from trainer.errors import UsageError
-from trainer.flags import Parser, add_settings, settings_from
+from trainer.cluster import control
+from trainer.cluster import tf_config as cluster_lib
+from trainer.config.contract import ClusterConfig, DataConfig, OptimConfig, RuntimeConfig, TrainConfig
+from trainer.config.flags import Parser, add_settings, settings_from
+from trainer.core.errors import UsageError
 
 SETTINGS = {
     "data and model": (
@@ -44,7 +45,6 @@ SETTINGS = {
         "threads",
     ),
 }
-CONTROL_ENV = "TRAINER_CONTROL"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,49 +93,21 @@ def _json(what: str, text: str) -> Any:
         raise UsageError(f"{what} is not valid JSON ({err.msg}): {text[:80]!r}") from None
 
 
-def control_spec(tf_config: dict[str, Any], text: str) -> dict[str, list[str]]:
-    """The supervisors' control addresses, shaped like the TF_CONFIG cluster.
-
-    `text` is `TRAINER_CONTROL` (JSON shaped like the cluster); empty: each task's TF address with the next port,
-    as in the pipeline's Kubernetes mode.
-
-    Raises:
-        UsageError: `text` is not shaped like the cluster, or a derived address is another task's TF address.
-    """
-    cluster = tf_config["cluster"]
-    if text.strip():
-        spec = cluster_lib.validate_cluster(_json(CONTROL_ENV, text))
-        if {job: len(a) for job, a in spec.items()} != {job: len(a) for job, a in cluster.items()}:
-            raise UsageError(f"{CONTROL_ENV} {text[:120]!r} does not have the shape of the TF_CONFIG cluster")
-        return spec
-    spec = cluster_lib.validate_cluster(
-        {job: [cluster_lib.next_port(a) for a in addresses] for job, addresses in cluster.items()}
-    )
-    taken = set(cluster_lib.task_order(cluster))
-    clashes = [a for a in cluster_lib.task_order(spec) if a in taken]
-    if clashes:
-        raise UsageError(
-            f"control address {clashes[0]} (a task's TF port + 1) is another task's TF address; allowed: TF ports "
-            f"at least 2 apart, or {CONTROL_ENV} naming the supervisors' addresses, shaped like the cluster"
-        )
-    return spec
-
-
 def run(config: TrainConfig, tf_config: dict[str, Any] | None, control_text: str = "") -> int:
     """Trains in this process (one process) or under a supervisor (a cluster member); returns the exit code.
 
     `control_text` is `TRAINER_CONTROL`; the supervisors' control addresses matter only to mirrored workers that may
-    restart (`control_spec`).
+    restart (`trainer.cluster.control.addresses`).
     """
-    from trainer.task import check_topology, run_task
+    from trainer.training.task import check_topology, run_task
 
     check_topology(config, tf_config)
     if not tf_config or len(cluster_lib.task_order(tf_config["cluster"])) == 1:
         return run_task(config, tf_config)
-    from trainer.supervisor import supervise
+    from trainer.cluster.supervisor import supervise
 
     restarts = config.cluster.max_restarts and config.cluster.strategy == "multi_worker_mirrored"
-    return supervise(config, tf_config, control_spec(tf_config, control_text) if restarts else None)
+    return supervise(config, tf_config, control.addresses(tf_config, control_text) if restarts else None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         args = build_parser().parse_args(argv)
         config = config_from_args(args)
-        return run(config, tf_config_from_args(args), os.environ.get(CONTROL_ENV, ""))
+        return run(config, tf_config_from_args(args), os.environ.get(control.ADDRESSES_ENV, ""))
 
     return run_cli(body)
 

@@ -1,0 +1,206 @@
+"""Tasks of a cluster as local processes: free loopback ports, one TF_CONFIG each, prefixed log lines.
+
+A process killed whole is replaced (the local model of a lost pod). `trainer-launch` is the command line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import IO
+
+from trainer.cluster.control import ADDRESSES_ENV
+from trainer.cluster.tf_config import assign_addresses, build_tf_config
+from trainer.core.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+MAX_LOCAL_WORKERS = 16
+
+
+_UNCAUGHT = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct TCP ports that were free on `host` a moment ago."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def local_cluster(workers: int) -> list[str]:
+    """`workers` loopback addresses on free ports."""
+    if not 1 <= workers <= MAX_LOCAL_WORKERS:
+        raise UsageError(f"workers {workers} is not allowed; allowed: 1 to {MAX_LOCAL_WORKERS}")
+    return [f"localhost:{port}" for port in free_ports(workers)]
+
+
+def local_topology(workers: int, ps: int) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """Loopback addresses for the TF servers and for the supervisors' control channels.
+
+    Both are shaped alike: `{"worker": [...]}`, or with parameter servers `{"chief", "worker", "ps"}`.
+    """
+    if ps and not 1 <= ps <= MAX_LOCAL_WORKERS:
+        raise UsageError(f"ps {ps} is not allowed; allowed: 0 (mirrored) or 1 to {MAX_LOCAL_WORKERS}")
+    total = workers + ps + 1 if ps else workers
+    if not 1 <= workers <= MAX_LOCAL_WORKERS or total > MAX_LOCAL_WORKERS:
+        what = f"chief + {ps} ps + {workers} workers" if ps else f"workers {workers}"
+        raise UsageError(f"{what} is not allowed; allowed: 1 to {MAX_LOCAL_WORKERS} processes")
+    addresses = [f"localhost:{port}" for port in free_ports(2 * total)]
+    return assign_addresses(addresses[:total], workers, ps), assign_addresses(addresses[total:], workers, ps)
+
+
+def _pump(label: str, stream: IO[bytes], last_error: dict[str, str]) -> None:
+    for raw in iter(stream.readline, b""):
+        line = raw.decode(errors="replace").rstrip("\n")
+        if line.startswith("error:") or _UNCAUGHT.match(line):
+            last_error[label] = line
+        sys.stdout.write(f"[{label}] {line}\n")
+        sys.stdout.flush()
+
+
+class WorkerGroup:
+    """Starts and supervises one process per task of a cluster (`{"worker": [...]}` or chief + ps + workers).
+
+    A task's process that dies whole, killed by a signal (SIGKILL, the OOM killer), is the local model of a lost
+    pod: with `replacements` left it is started again with the same TF_CONFIG, as Kubernetes re-creates a pod, and
+    its supervisor rejoins the survivors (`trainer.cluster.supervisor`). A process that exits with a code of its own has
+    decided for good.
+    """
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        cluster: dict[str, list[str]],
+        grace: float,
+        tolerate: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        control: dict[str, list[str]] | None = None,
+        replacements: int = 0,
+    ) -> None:
+        self.command = list(command)
+        self.cluster = cluster
+        self.control = control
+        self.tasks = [(job, index) for job, addresses in cluster.items() for index in range(len(addresses))]
+        self.labels = [f"{job} {index}" for job, index in self.tasks]
+        self.tolerate = set(tolerate)
+        self.grace = grace
+        self.env = dict(os.environ if env is None else env)
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.last_error: dict[str, str] = {}
+        self.tolerated: dict[str, int] = {}
+        self.replaced: dict[str, int] = {}
+        self.replacements = replacements
+        self._pumps: list[threading.Thread] = []
+
+    def start(self) -> None:
+        """Starts one process per task, each with its TF_CONFIG."""
+        for position in range(len(self.tasks)):
+            self.procs.append(self._spawn(position))
+
+    def _spawn(self, position: int) -> subprocess.Popen[bytes]:
+        job, index = self.tasks[position]
+        threads = max(1, (os.cpu_count() or 1) // len(self.tasks))
+        env = dict(self.env)
+        env["TF_CONFIG"] = json.dumps(build_tf_config(self.cluster, job, index))
+        if self.control:
+            env[ADDRESSES_ENV] = json.dumps(self.control)
+        env.setdefault("TF_NUM_INTRAOP_THREADS", str(threads))
+        env.setdefault("TF_NUM_INTEROP_THREADS", "2")
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+        env["PYTHONUNBUFFERED"] = "1"
+        proc = subprocess.Popen(
+            self.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        pump = threading.Thread(target=_pump, args=(self.labels[position], proc.stdout, self.last_error), daemon=True)
+        pump.start()
+        self._pumps.append(pump)
+        log.info("started %s (pid %d)", self.labels[position], proc.pid)
+        return proc
+
+    def _replace(self, position: int, code: int) -> bool:
+        """Starts a new process for a task whose process was killed by signal `-code`, if replacements are left."""
+        label = self.labels[position]
+        used = self.replaced.get(label, 0)
+        if code >= 0 or used >= self.replacements:
+            return False
+        self.replaced[label] = used + 1
+        log.warning(
+            "%s was killed by signal %d (its whole process, as when a pod is lost); starting a replacement (%d of %d)",
+            label,
+            -code,
+            used + 1,
+            self.replacements,
+        )
+        self.procs[position] = self._spawn(position)
+        return True
+
+    def wait(self) -> tuple[int, str | None]:
+        """Waits until every task has exited or one whose failure is not tolerated fails.
+
+        Returns (exit code, label of the failed task or None); tolerated failures are kept in `self.tolerated`.
+        """
+        while True:
+            codes = [p.poll() for p in self.procs]
+            for position, ((job, _), label, code) in enumerate(zip(self.tasks, self.labels, codes, strict=True)):
+                if code in (None, 0) or label in self.tolerated:
+                    continue
+                if self._replace(position, code):
+                    codes[position] = None
+                    continue
+                if job in self.tolerate:
+                    self.tolerated[label] = _shell_code(code)
+                    log.warning("%s exited with code %d; the others carry on", label, _shell_code(code))
+                    continue
+                self.stop()
+                return _shell_code(code), label
+            if all(c is not None for c in codes):
+                self._drain()
+                return 0, None
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        """SIGTERM every live task, SIGKILL those still there after the grace period."""
+        live = [p for p in self.procs if p.poll() is None]
+        for p in live:
+            _signal_group(p, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace
+        for p in live:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(p, signal.SIGKILL)
+                p.wait()
+        self._drain()
+
+    def _drain(self) -> None:
+        for pump in self._pumps:
+            pump.join(timeout=5)
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _shell_code(code: int) -> int:
+    """Exit status as a shell reports it: a process killed by signal N is 128 + N."""
+    return 128 - code if code < 0 else code

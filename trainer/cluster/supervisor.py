@@ -1,0 +1,311 @@
+"""The process that supervises one training task: start-up watchdog, prompt cancel and restarts in place.
+
+TensorFlow's cluster join blocks inside the strategy constructor while holding the GIL, and TensorFlow's
+coordination service catches SIGTERM for itself, so a training process can neither time out its own join nor be
+stopped politely. The task therefore runs as a child of this small process (no TensorFlow in it), which:
+
+- kills the child when the cluster has not formed within the start-up timeout, naming the peers it cannot reach
+  (exit 140, restarted in place);
+- on SIGTERM or SIGINT stops the child (SIGTERM, then SIGKILL after a short grace) and exits 143 or 130;
+- after a retryable failure (137, 138, 140) restarts the child in place, up to `max_restarts` times. With a control
+  channel (`Control`) every worker's supervisor publishes its generation, state and latest checkpoint, stops its own
+  child as soon as a peer's has failed or a replaced peer has come up, and starts the next generation only when
+  every peer answers and none still runs an older one: all workers converge on the same restart instead of joining
+  each other's dying clusters. Before each generation they agree on the epoch to resume after
+  (`trainer.cluster.resume`); one that lacks that checkpoint fetches it from a peer. Peers that do not answer within
+  the start-up timeout end the task (exit 140, not restarted: waiting again does not bring a lost pod back).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from trainer.cluster.control import PEER_POLL_SECONDS, Control
+from trainer.cluster.peers import describe_peers, unreachable
+from trainer.cluster.resume import CheckpointHome, agree
+from trainer.cluster.tf_config import split_address
+from trainer.core.errors import (
+    EXIT_PEER_UNAVAILABLE,
+    EXIT_STARTUP_TIMEOUT,
+    EXIT_TERMINATED,
+    RETRYABLE_EXIT_CODES,
+    PeerUnavailableError,
+    StartupTimeoutError,
+    exit_code,
+)
+
+log = logging.getLogger(__name__)
+
+FORMED = b"formed\n"
+CONFIG_ENV = "TRAINER_CONFIG"
+STATUS_FD_ENV = "TRAINER_STATUS_FD"
+SUPERVISOR_PID_ENV = "TRAINER_SUPERVISOR_PID"
+RESUME_ENV = "TRAINER_RESUME_EPOCH"
+GRACE_SECONDS = 2.0
+POLL_SECONDS = 0.2
+
+
+def report_formed() -> None:
+    """Called by the child once its cluster has formed: disarms the supervisor's start-up watchdog."""
+    fd = os.environ.get(STATUS_FD_ENV)
+    if fd:
+        try:
+            os.write(int(fd), FORMED)
+        except OSError:
+            pass
+
+
+def die_with_supervisor() -> None:
+    """Called first thing in the child: it is SIGKILLed when its supervisor dies, so it never outlives it."""
+    supervisor = os.environ.get(SUPERVISOR_PID_ENV)
+    if not supervisor:
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != int(supervisor):
+        os._exit(EXIT_TERMINATED)
+
+
+class _Signals:
+    """SIGTERM and SIGINT set a flag the supervision loop acts on (this process runs no TensorFlow)."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.received = signum
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _shell_code(code: int) -> int:
+    """Exit status as a shell reports it: a process killed by signal N is 128 + N."""
+    return 128 - code if code < 0 else code
+
+
+def _stop(child: subprocess.Popen[bytes], grace: float) -> None:
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, None)):
+        try:
+            os.killpg(child.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            child.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+class Supervisor:
+    """Runs `command` as the training task described by `tf_config` and supervises it (see the module docstring)."""
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        tf_config: Mapping[str, Any] | None,
+        startup_timeout: float,
+        max_restarts: int = 0,
+        control: Control | None = None,
+        grace: float = GRACE_SECONDS,
+        home: CheckpointHome | None = None,
+    ) -> None:
+        self.command = list(command)
+        self.env = dict(env)
+        self.tf_config = tf_config
+        self.startup_timeout = startup_timeout
+        self.max_restarts = max_restarts
+        self.control = control
+        self.grace = grace
+        self.home = home
+        task = tf_config["task"] if tf_config else {"type": "worker", "index": 0}
+        self.name = f"{task['type']} {task['index']}"
+
+    def run(self) -> int:
+        """Supervises until the task succeeds, fails for good or is stopped; returns the exit code."""
+        with _Signals() as signals:
+            generation = self.control.first_generation() if self.control else 0
+            restarts = 0
+            while True:
+                deadline = time.monotonic() + self.startup_timeout
+                try:
+                    resume = self._resume_point(generation, deadline)
+                except StartupTimeoutError as err:
+                    # A peer that did not come back within the start-up timeout is not brought back by waiting again.
+                    print(f"error: {self.name}: {err}", file=sys.stderr, flush=True)
+                    return exit_code(err)
+                except PeerUnavailableError as err:
+                    print(f"error: {self.name}: {err}", file=sys.stderr, flush=True)
+                    code = exit_code(err)
+                else:
+                    code = self._attempt(generation, signals, resume, deadline)
+                if signals.received is not None:
+                    return 128 + signals.received
+                if self.control:
+                    self.control.set(generation, "done" if code == 0 else "failed")
+                if code == 0 or code not in RETRYABLE_EXIT_CODES or restarts >= self.max_restarts:
+                    return code
+                restarts += 1
+                nxt = max(generation + 1, self.control.first_generation() if self.control else 0)
+                log.info(
+                    "%s: restart %d of %d in place (exit code %d); generation %d",
+                    self.name,
+                    restarts,
+                    self.max_restarts,
+                    code,
+                    nxt,
+                )
+                generation = nxt
+
+    def _resume_point(self, generation: int, deadline: float) -> int | None:
+        """With a control channel: waits for the peers and agrees with them on the epoch to resume after.
+
+        A task whose latest checkpoint is older than the agreed one fetches it from a peer first. Without a control
+        channel (one process, or no restarts) the training process resumes from its own latest checkpoint: None.
+        """
+        if not self.control:
+            return None
+        self.control.set(generation, "starting")
+        peers = self.control.barrier(generation, deadline)
+        own = self.home.epoch() if self.home else 0
+        epoch, source = agree(own, {a: s.checkpoint for a, s in peers.items()})
+        if source and self.home:
+            log.info("%s: fetching the checkpoint of epoch %d from the supervisor at %s", self.name, epoch, source)
+            self.control.fetch(source, epoch, self.home.receive)
+        if epoch:
+            how = f"handed over by {source}" if source else "its own"
+            log.info("%s: generation %d resumes after epoch %d (checkpoint: %s)", self.name, generation, epoch, how)
+        elif generation:
+            log.info(
+                "%s: generation %d: no worker holds a checkpoint, so all start again at epoch 1", self.name, generation
+            )
+        return epoch
+
+    def _attempt(self, generation: int, signals: _Signals, resume: int | None, deadline: float) -> int:
+        read_fd, write_fd = os.pipe()
+        env = dict(self.env, **{STATUS_FD_ENV: str(write_fd), SUPERVISOR_PID_ENV: str(os.getpid())})
+        if self.tf_config:
+            env["TF_CONFIG"] = json.dumps(dict(self.tf_config))
+        if resume is not None:
+            env[RESUME_ENV] = str(resume)
+        child = subprocess.Popen(self.command, env=env, pass_fds=(write_fd,), start_new_session=True)
+        os.close(write_fd)
+        if self.control:
+            self.control.set(generation, "running")
+        try:
+            return self._watch(child, read_fd, generation, signals, deadline)
+        finally:
+            os.close(read_fd)
+            if child.poll() is None:
+                _stop(child, self.grace)
+
+    def _watch(
+        self, child: subprocess.Popen[bytes], read_fd: int, generation: int, signals: _Signals, deadline: float
+    ) -> int:
+        formed = self.tf_config is None
+        next_peer_check = time.monotonic() + PEER_POLL_SECONDS
+        while True:
+            code = child.poll()
+            if code is not None:
+                return _shell_code(code)
+            if signals.received is not None:
+                log.info("%s: received signal %d; stopping the training process", self.name, signals.received)
+                _stop(child, self.grace)
+                return EXIT_TERMINATED
+            ready, _, _ = select.select([read_fd], [], [], POLL_SECONDS)
+            if ready and os.read(read_fd, 64).startswith(FORMED) and not formed:
+                formed = True
+                if self.control:
+                    self.control.set(generation, "formed")
+            now = time.monotonic()
+            if not formed and now > deadline:
+                self._startup_timeout()
+                _stop(child, 0)
+                return EXIT_STARTUP_TIMEOUT
+            if self.control and now >= next_peer_check:
+                next_peer_check = now + PEER_POLL_SECONDS
+                peer = self.control.failed_peer(generation)
+                if peer:
+                    print(
+                        f"error: {self.name}: the supervisor at {peer} reports its training process failed or "
+                        "restarted; stopping this one to restart together",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    _stop(child, self.grace)
+                    return EXIT_PEER_UNAVAILABLE
+
+    def _startup_timeout(self) -> None:
+        peers = describe_peers(self.tf_config) if self.tf_config else []
+        missing = unreachable(peers)
+        if missing:
+            detail = "unreachable: " + "; ".join(missing)
+        else:
+            detail = (
+                "every peer accepts connections but the cluster did not form (" + ", ".join(a for _, a in peers) + ")"
+            )
+        print(
+            f"error: {self.name}: cluster start-up did not finish within {self.startup_timeout:g}s; {detail}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def supervise(
+    config: Any,
+    tf_config: Mapping[str, Any],
+    control_spec: Mapping[str, Sequence[str]] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> int:
+    """Runs the training task `tf_config` describes in a supervised child process; returns its exit code.
+
+    Args:
+        config: the task's `TrainConfig` (handed to the child as JSON).
+        tf_config: this task's TF_CONFIG dict.
+        control_spec: the supervisors' control addresses, shaped like the cluster; with it (and restarts allowed)
+            the workers converge on each restart and agree on the epoch to resume after.
+        env: the child's environment (default: this process's).
+    """
+    from trainer.cluster.resume import home_for
+
+    child_env = dict(os.environ if env is None else env, **{CONFIG_ENV: json.dumps(config.to_dict())})
+    control = None
+    home = None
+    if control_spec and config.cluster.max_restarts and config.cluster.strategy == "multi_worker_mirrored":
+        home = home_for(config, tf_config)
+        task = tf_config["task"]
+        own = control_spec[task["type"]][task["index"]]
+        peers = [a for job in control_spec.values() for a in job if a != own]
+        control = Control(split_address(own)[1], peers, home.epoch, home.send)
+    try:
+        return Supervisor(
+            [sys.executable, "-m", "trainer.training.task"],
+            child_env,
+            tf_config,
+            config.cluster.startup_timeout,
+            config.cluster.max_restarts,
+            control,
+            home=home,
+        ).run()
+    finally:
+        if control:
+            control.close()

@@ -1,0 +1,1 @@
+"""The exit-code contract and its exceptions, and files written whole (write-then-rename)."""

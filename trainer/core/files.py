@@ -1,0 +1,117 @@
+"""Write-then-rename helpers, so a failed step never leaves a half-written artifact at its output path."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from trainer.core.errors import UsageError
+
+
+def _gfile():
+    import tensorflow as tf
+
+    return tf.io.gfile
+
+
+def is_local(path: str) -> bool:
+    """Whether `path` is a local path rather than a URI."""
+    return "://" not in path
+
+
+def check_writable_parent(path: str) -> None:
+    """Fails early, naming the path, when its parent cannot take a new entry."""
+    if not is_local(path):
+        return
+    parent = os.path.dirname(os.path.abspath(path)) or "."
+    probe = parent
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"output location {path!r} is not writable (nearest existing parent: {probe!r})")
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str, overwrite: bool = True) -> Iterator[str]:
+    """Yields a temporary sibling directory that becomes `path` only when the block succeeds.
+
+    On any exception the temporary directory is removed and `path` is left as it was.
+    """
+    check_writable_parent(path)
+    path = path.rstrip("/")
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    gfile = None if is_local(path) else _gfile()
+    if gfile is None:
+        os.makedirs(tmp)
+    else:
+        gfile.makedirs(tmp)
+    try:
+        yield tmp
+    except BaseException:
+        remove_tree(tmp)
+        raise
+    if gfile is None:
+        if os.path.isdir(path) and overwrite:
+            if os.listdir(path):
+                old = f"{path}.old-{uuid.uuid4().hex[:8]}"
+                os.rename(path, old)
+                os.rename(tmp, path)
+                remove_tree(old)
+                return
+            os.rmdir(path)
+        os.rename(tmp, path)
+    else:
+        if gfile.exists(path) and overwrite:
+            gfile.rmtree(path)
+        gfile.rename(tmp, path, overwrite=overwrite)
+
+
+def remove_tree(path: str) -> None:
+    """Removes a directory tree, local or at a URI; what is missing is fine."""
+    if is_local(path):
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        gfile = _gfile()
+        if gfile.exists(path):
+            gfile.rmtree(path)
+
+
+def write_text(path: str, text: str) -> None:
+    """Writes `text` to `path` through a temporary sibling and a rename."""
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    if is_local(path):
+        check_writable_parent(path)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    else:
+        gfile = _gfile()
+        with gfile.GFile(tmp, "w") as f:
+            f.write(text)
+        gfile.rename(tmp, path, overwrite=True)
+
+
+def write_json(path: str, data: Any) -> None:
+    """Writes JSON to `path` atomically."""
+    write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def read_json(path: str) -> Any:
+    """Reads a JSON document from a local path or a URI."""
+    if is_local(path):
+        with open(path) as f:
+            return json.load(f)
+    with _gfile().GFile(path) as f:
+        return json.load(f)
+
+
+def exists(path: str) -> bool:
+    """Whether a local path or a URI exists."""
+    return os.path.exists(path) if is_local(path) else _gfile().exists(path)

@@ -1,0 +1,1 @@
+"""Data: sources into TFRecord shards (the prepared-dataset format) and the input pipelines that read them."""

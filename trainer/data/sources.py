@@ -1,0 +1,153 @@
+"""Data sources into a prepared dataset: a TFDS dataset, MNIST-format IDX files or the shipped sample -> TFRecords."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import numpy as np
+
+from trainer.config.contract import SOURCE_FORMS, DataConfig, is_source
+from trainer.core.errors import UsageError
+from trainer.core.files import atomic_directory, check_writable_parent
+from trainer.data.idx import read_split
+from trainer.data.tfrecords import METADATA_FILE, make_metadata, write_split
+
+log = logging.getLogger(__name__)
+
+
+def sample_dir() -> str:
+    """Where the shipped MNIST sample lives: `$TRAINER_SAMPLE_DIR`, else `data/mnist-sample` in this checkout."""
+    return os.environ.get("TRAINER_SAMPLE_DIR") or str(Path(__file__).resolve().parents[2] / "data" / "mnist-sample")
+
+
+def parse_source(source: str) -> tuple[str, str]:
+    """Splits a source string into (kind, location): ('idx', dir), ('tfds', name).
+
+    Raises:
+        UsageError: naming the source when it is none of the allowed forms.
+    """
+    if not is_source(source):
+        raise UsageError(f"data source {source!r} is not recognised; allowed: {SOURCE_FORMS}")
+    if source == "sample":
+        return "idx", sample_dir()
+    if source.startswith("idx:"):
+        return "idx", source[4:]
+    return "tfds", source[5:] if source.startswith("tfds:") else source
+
+
+def _limit(n: int, limit: int) -> int:
+    return min(n, limit) if limit else n
+
+
+def _idx_examples(images: np.ndarray, labels: np.ndarray, limit: int) -> Iterator[tuple[np.ndarray, int]]:
+    for i in range(_limit(len(images), limit)):
+        yield images[i], int(labels[i])
+
+
+def _class_names(data: DataConfig) -> list[str]:
+    return [n.strip() for n in data.class_names.split(",")] if data.class_names.strip() else []
+
+
+def prepare_idx(directory: str, config: DataConfig, out: str) -> dict[str, Any]:
+    """Writes the shards of MNIST-format IDX files in `directory` into `out`; returns the metadata."""
+    train_images, train_labels = read_split(directory, "train")
+    test_images, test_labels = read_split(directory, "test")
+    if train_images.shape[1:] != test_images.shape[1:]:
+        raise UsageError(
+            f"IDX directory {directory!r} has train images {train_images.shape[1:]} but test images "
+            f"{test_images.shape[1:]}"
+        )
+    num_classes = int(max(train_labels.max(), test_labels.max())) + 1
+    names = _class_names(config) or [str(i) for i in range(num_classes)]
+    if len(names) < num_classes:
+        raise UsageError(f"{len(names)} class names given but labels go up to {num_classes - 1}; give {num_classes}")
+    shape = (*train_images.shape[1:], 1)
+    splits = {
+        "train": write_split(
+            out, "train", _idx_examples(train_images, train_labels, config.max_train_examples), config.num_shards, shape
+        ),
+        "test": write_split(out, "test", _idx_examples(test_images, test_labels, config.max_test_examples), 1, shape),
+    }
+    return make_metadata(config.source, shape, names, splits)
+
+
+def _check_download_hosts(builder: Any, name: str, timeout: float) -> None:
+    """Fails within `timeout` seconds per host when the dataset's download hosts cannot be reached."""
+    hosts = sorted({urlparse(url).hostname for url in (builder.url_infos or {}) if urlparse(url).hostname})
+    for host in hosts:
+        try:
+            socket.create_connection((host, 443), timeout=timeout).close()
+        except OSError as err:
+            raise UsageError(
+                f"TFDS dataset {name!r} is not prepared in {builder.data_dir!r} and its download host {host} "
+                f"cannot be reached ({err.strerror or err}); pass --source sample (the shipped MNIST digits), "
+                "--source idx:DIR (MNIST-format IDX files) or --tfds-data-dir DIR holding a prepared copy"
+            ) from None
+
+
+def prepare_tfds(name: str, config: DataConfig, out: str) -> dict[str, Any]:
+    """Writes the shards of the TFDS dataset `name` into `out`; returns the metadata."""
+    import tensorflow_datasets as tfds
+
+    try:
+        builder = tfds.builder(name, data_dir=config.tfds_data_dir or None)
+    except tfds.core.registered.DatasetNotFoundError:
+        raise UsageError(
+            f"TFDS dataset {name!r} does not exist; allowed: a name from tfds.list_builders(), e.g. mnist, "
+            "fashion_mnist"
+        ) from None
+    features = builder.info.features
+    if "image" not in features or "label" not in features:
+        raise UsageError(
+            f"TFDS dataset {name!r} has features {list(features)}; allowed: image-classification datasets with "
+            "'image' and 'label'"
+        )
+    shape = tuple(features["image"].shape)
+    if len(shape) != 3 or None in shape:
+        raise UsageError(
+            f"TFDS dataset {name!r} has images of shape {shape}; allowed: a fixed height x width x channels"
+        )
+    if not builder.is_prepared():
+        _check_download_hosts(builder, name, config.network_timeout)
+        builder.download_and_prepare()
+    available = set(builder.info.splits)
+    for split in ("train", "test"):
+        if split not in available:
+            raise UsageError(f"TFDS dataset {name!r} has no {split!r} split; it has {', '.join(sorted(available))}")
+    limits = {"train": config.max_train_examples, "test": config.max_test_examples}
+    splits = {}
+    for split, shards in (("train", config.num_shards), ("test", 1)):
+        tfds_split = f"{split}[:{limits[split]}]" if limits[split] else split
+        ds = builder.as_dataset(split=tfds_split)
+        examples = ((ex["image"], int(ex["label"])) for ex in tfds.as_numpy(ds))
+        splits[split] = write_split(out, split, examples, shards, shape)
+    return make_metadata(config.source, shape, list(features["label"].names), splits)
+
+
+def run(config: DataConfig, output: str) -> dict[str, Any]:
+    """Prepares the dataset `config.source` into `output` atomically and returns its metadata."""
+    from trainer.core.files import write_json
+
+    kind, location = parse_source(config.source)
+    if not output:
+        raise UsageError("output path is empty; pass --output DIR")
+    check_writable_parent(output)
+    with atomic_directory(output) as out:
+        meta = prepare_idx(location, config, out) if kind == "idx" else prepare_tfds(location, config, out)
+        write_json(f"{out}/{METADATA_FILE}", meta)
+    counts = ", ".join(f"{split} {s['num_examples']}" for split, s in meta["splits"].items())
+    log.info(
+        "prepared %s into %s: %s examples, image shape %s, %d classes",
+        config.source,
+        output,
+        counts,
+        meta["image_shape"],
+        meta["num_classes"],
+    )
+    return meta

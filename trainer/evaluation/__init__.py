@@ -1,0 +1,1 @@
+"""Evaluation of an exported model on held-out data, and the HTML report."""

@@ -1,0 +1,118 @@
+"""A self-contained HTML report of a training run: curves from the history, per-class results, confusion matrix."""
+
+from __future__ import annotations
+
+import html
+import os
+import urllib.parse
+from typing import Any
+
+from trainer.core.files import write_text
+
+
+def training_curves(history: dict[str, Any]) -> str:
+    """Inline SVG line charts (pygal) of the training loss and accuracy per epoch, side by side."""
+    import pygal
+
+    epochs = [e["epoch"] for e in history["epochs"]]
+    charts = []
+    for key, title in (("loss", "training loss"), ("accuracy", "training accuracy")):
+        chart = pygal.Line(
+            js=[], width=450, height=320, show_legend=False, title=title, x_title="epoch", disable_xml_declaration=True
+        )
+        chart.x_labels = epochs
+        chart.add(key, [e[key] for e in history["epochs"]])
+        charts.append(chart.render(is_unicode=True))
+    return f'<div style="display:flex;gap:1em">{"".join(charts)}</div>'
+
+
+def _link(uri: str) -> str:
+    """An href for a location: local paths as file:// URLs, URIs (gs://, s3://, https://) as they are."""
+    if "://" in uri:
+        return uri
+    return "file://" + urllib.parse.quote(os.path.abspath(uri))
+
+
+def serving_section(check: dict[str, Any] | None) -> str:
+    """The serving check's verdict and one row per check, or nothing when it did not run."""
+    if not check:
+        return ""
+    esc = html.escape
+    verdict = "passed" if check["passed"] else f"FAILED, not published: {esc(check['reason'])}"
+    rows = "".join(
+        f"<tr><td style='text-align:left'>{esc(c['name'])}</td><td>{'passed' if c['passed'] else 'FAILED'}</td>"
+        f"<td style='text-align:left'>{esc(c['detail'])}</td></tr>"
+        for c in check["checks"]
+    )
+    return (
+        f"<h2>Serving check</h2><p>Serving check: <b>{verdict}</b>. {check['examples']} held-out images were sent "
+        "as TF Serving REST instances to the SavedModel's <code>serving_default</code> signature, loaded the way "
+        f"TF Serving loads it in a fresh process ({check['seconds']}s).</p>"
+        f"<table><tr><th>check</th><th>result</th><th>detail</th></tr>{rows}</table>"
+    )
+
+
+def tensorboard_section(history: dict[str, Any]) -> str:
+    """A link to the run's TensorBoard event files, or nothing when none were written."""
+    logdir = history.get("tensorboard")
+    if not logdir:
+        return ""
+    esc = html.escape
+    return (
+        f'<p>TensorBoard event files (per-epoch scalars): <a href="{esc(_link(logdir))}">{esc(logdir)}</a>. '
+        "Open them with Kubeflow's Tensorboards app (a Tensorboard whose logs path is this location or its "
+        f"parent) or <code>tensorboard --logdir {esc(logdir)}</code>.</p>"
+    )
+
+
+def render_html(metrics: dict[str, Any], history: dict[str, Any]) -> str:
+    """The report's HTML page: metrics, gate, serving check, TensorBoard link, curves, per-class table, matrix."""
+    esc = html.escape
+    rows = "".join(
+        f"<tr><td>{esc(c['name'])}</td><td>{c['precision']:.4f}</td><td>{c['recall']:.4f}</td><td>{c['f1']:.4f}</td><td>{c['support']}</td></tr>"
+        for c in metrics["per_class"]
+    )
+    names = metrics["class_names"]
+    head = "".join(f"<th>{esc(n)}</th>" for n in names)
+    matrix = "".join(
+        f"<tr><th>{esc(names[i])}</th>" + "".join(f"<td>{v}</td>" for v in row) + "</tr>"
+        for i, row in enumerate(metrics["confusion_matrix"])
+    )
+    last = history["epochs"][-1] if history["epochs"] else {}
+    threshold = metrics.get("min_accuracy")
+    passed = threshold is not None and metrics["accuracy"] >= threshold
+    gate = (
+        ""
+        if threshold is None
+        else f"Quality gate (min_accuracy {threshold:.4f}): <b>{'passed' if passed else 'FAILED, not published'}</b>."
+    )
+    check = metrics.get("serving_check")
+    if check:
+        verdict = "passed" if check["passed"] else f"FAILED, not published ({esc(check['reason'])})"
+        gate += f" Serving check: <b>{verdict}</b>."
+    speed = sum(e["examples_per_second"] for e in history["epochs"][1:]) / max(1, len(history["epochs"]) - 1)
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>Training report</title>
+<style>body{{font-family:sans-serif;margin:1.5em}}table{{border-collapse:collapse;margin:0.5em 0 1.5em}}
+td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}</style></head><body>
+<h1>Training report</h1>
+<p>Dataset <code>{esc(str(metrics.get("dataset")))}</code>, {metrics["num_examples"]} held-out examples.
+<b>Test accuracy {metrics["accuracy"]:.4f}</b>, loss {metrics["loss"]:.4f}.
+{gate}</p>
+<p>{history["workers"]} worker(s), global batch {history["global_batch_size"]}, {len(history["epochs"])} epochs of
+{history["steps_per_epoch"]} steps; final training accuracy {last.get("accuracy", float("nan")):.4f};
+{speed:.0f} examples/s after the first epoch.</p>
+{tensorboard_section(history)}
+{training_curves(history)}
+{serving_section(metrics.get("serving_check"))}
+<h2>Per class</h2>
+<table><tr><th>class</th><th>precision</th><th>recall</th><th>F1</th><th>support</th></tr>{rows}</table>
+<h2>Confusion matrix (rows: true class, columns: predicted)</h2>
+<table><tr><th></th>{head}</tr>{matrix}</table>
+</body></html>
+"""
+
+
+def write_html(path: str, metrics: dict[str, Any], history: dict[str, Any]) -> None:
+    """Writes the report atomically."""
+    write_text(path, render_html(metrics, history))

@@ -1,0 +1,130 @@
+"""Publishing a model that passed the quality gate: a versioned copy with its metrics, on a path, S3 or GCS.
+
+Layout under `publish_uri`, which TF Serving (`--model_base_path`) and KServe (`storageUri`) read as it is:
+
+    publish_uri/1796222222/saved_model.pb, variables/, assets/, fingerprint.pb, metrics.json
+    publish_uri/latest.json      -> {"version": 1796222222, "path": ..., "metrics": {...}, "lineage": {...}}
+
+TF Serving serves the highest child whose name is an integer and ignores every other name, so a version is
+assembled under `.staging-<version>-<random>` and only then becomes `<version>`:
+
+- on a path (a volume) by one rename, which is atomic;
+- on S3 and GCS, which have no rename, by server-side copies with `saved_model.pb` last: until the copy of that
+  one object completes, no reader finds a SavedModel in the version, so none can load half of one.
+
+`latest.json` is replaced whole (one PUT, or write-then-rename) after the version is complete. On any failure the
+staging prefix and the unfinished version are removed. A model whose accuracy is below the one in `latest.json`
+is not published, and a new version number is always above every existing one, so TF Serving's "latest" policy
+serves the newest published model. One publisher at a time per `publish_uri` (a pipeline run publishes once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+import uuid
+from typing import Any
+
+from trainer.config import registry as settings
+from trainer.core.errors import UsageError
+from trainer.storage.locations import Location
+
+log = logging.getLogger(__name__)
+
+LATEST = "latest.json"
+METRICS = "metrics.json"
+SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
+STAGING = ".staging-"
+
+
+def latest(publish_uri: str, s3_endpoint: str = "") -> dict[str, Any] | None:
+    """The published `latest.json`, or None when nothing is published there yet."""
+    return Location(publish_uri, s3_endpoint).read_json(LATEST)
+
+
+def versions(target: Location) -> list[int]:
+    """The version numbers published under `target`, ascending."""
+    return sorted(int(name) for name in target.children() if name.isdigit())
+
+
+def _promote(target: Location, staging: str, version: str) -> None:
+    """Makes the staged version visible as `version`: a rename on a path, copies with the SavedModel last."""
+    if not target.is_object_store:
+        target.rename_dir(target.path(staging), target.path(version))
+        return
+    files = target.files(staging)
+    for rel in sorted(files, key=lambda f: (f in SAVED_MODEL_FILES, f)):
+        target.copy(target.path(staging, rel), target.path(version, rel))
+    target.remove(staging)
+
+
+def _discard(target: Location, *names: str) -> None:
+    for name in names:
+        try:
+            target.remove(name)
+        except Exception as err:  # noqa: BLE001 - the original failure is the one to report
+            log.warning("could not remove the unfinished %s: %s", target.uri_of(name), err)
+
+
+def publish(
+    saved_model_dir: str,
+    metrics: dict[str, Any],
+    publish_uri: str,
+    lineage: dict[str, Any],
+    s3_endpoint: str = "",
+    refused: str = "",
+) -> dict[str, Any]:
+    """Publishes unless the currently published model is better.
+
+    Args:
+        saved_model_dir: the local SavedModel directory to publish.
+        metrics: the evaluation's metrics; `accuracy` decides against the published model.
+        publish_uri: a path, `s3://BUCKET/PREFIX` or `gs://BUCKET/PREFIX`.
+        lineage: run, dataset, model URI and training parameters, recorded in `metrics.json` and `latest.json`.
+        s3_endpoint: the S3 endpoint URL (SeaweedFS, MinIO); empty: AWS.
+        refused: what to add when the store refuses a call (`trainer.storage.kfp.Store.refused`).
+
+    Returns:
+        The decision: `published`, `reason`, `version`, `path` (when published) and `previous`.
+
+    Raises:
+        UsageError: no publish location, a location that is not allowed, or no SavedModel to publish.
+        StorageError: the storage refused a call (the line names bucket, key and permission).
+    """
+    if not publish_uri:
+        raise UsageError("publish_uri is empty; give a local path, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX")
+    settings.check("publish_uri", publish_uri)
+    settings.check("s3_endpoint", s3_endpoint)
+    if not os.path.isfile(os.path.join(saved_model_dir, "saved_model.pb")):
+        raise UsageError(f"model directory {saved_model_dir!r} holds no SavedModel")
+    target = Location(publish_uri, s3_endpoint, refused)
+    previous = target.read_json(LATEST)
+    accuracy = float(metrics["accuracy"])
+    if previous is not None and accuracy < float(previous["metrics"]["accuracy"]):
+        reason = (
+            f"not published: accuracy {accuracy:.4f} is below the published version {previous['version']} "
+            f"({float(previous['metrics']['accuracy']):.4f})"
+        )
+        log.info(reason)
+        return {"published": False, "reason": reason, "version": None, "previous": previous}
+    version = max([int(time.time()), *(v + 1 for v in versions(target))])
+    staging = f"{STAGING}{version}-{uuid.uuid4().hex[:8]}"
+    record = {"version": version, "path": target.uri_of(str(version)), "metrics": metrics, "lineage": lineage}
+    try:
+        target.upload(saved_model_dir, staging)
+        target.write_json(record, staging, METRICS)
+        _promote(target, staging, str(version))
+        target.write_json(record, LATEST)
+    except BaseException:
+        # The version number is new, so everything under it is this attempt's; latest.json is unchanged.
+        _discard(target, staging, str(version))
+        raise
+    reason = f"published version {version} with accuracy {accuracy:.4f}" + (
+        f" (previous {float(previous['metrics']['accuracy']):.4f})" if previous else " (first version)"
+    )
+    log.info("%s at %s", reason, record["path"])
+    with contextlib.suppress(Exception):
+        target.fs.invalidate_cache()
+    return {"published": True, "reason": reason, "version": version, "path": record["path"], "previous": previous}

@@ -1,0 +1,187 @@
+"""Keras callbacks of the training loop: the checkpoint a restarted or replaced task resumes from; epoch timings."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class EpochCheckpoints:
+    """A Keras callback that keeps this task's checkpoint of the latest finished epoch (`trainer.cluster.resume`).
+
+    Every worker writes its own copy after every epoch (under MultiWorkerMirroredStrategy they all take part in a
+    save anyway, and their variables are identical), so any survivor can hand it to a replaced peer. Place it after
+    the ThroughputHistory callback: the manifest carries the per-epoch results, so a resumed run's history lists
+    every epoch, and the epoch's log line is written once its checkpoint is saved.
+
+    Args:
+        model: the compiled model; its variables and its optimizer's (step counter included) are checkpointed.
+        home: this task's `CheckpointHome`.
+        throughput: the run's ThroughputHistory.
+    """
+
+    def __init__(self, model: Any, home: Any, throughput: ThroughputHistory) -> None:
+        import tensorflow as tf
+        import tf_keras as keras
+
+        self.home = home
+        throughput.log_epochs = False
+        self.checkpoint = tf.train.Checkpoint(model=model)
+        self._model = model
+        outer = self
+
+        class _Callback(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                started = time.perf_counter()
+                outer.checkpoint.write(home.prefix(epoch + 1))
+                entry = throughput.epochs[-1]
+                entry["checkpoint_seconds"] = round(time.perf_counter() - started, 3)
+                home.commit(epoch + 1, throughput.epochs)
+                log_epoch(entry)
+
+        self.throughput = throughput
+        self.callback = _Callback()
+
+    def restore(self, epoch: int | None) -> int:
+        """Restores the checkpoint after `epoch` before training; returns the number of finished epochs.
+
+        Args:
+            epoch: the epoch the cluster agreed to resume after (0: start afresh); None: this home's latest, as
+                a process with no peers to agree with does.
+
+        Raises:
+            PeerUnavailableError: the agreed checkpoint is not in this home (it was lost after the agreement:
+                retryable, the next attempt agrees again).
+        """
+        from trainer.core.errors import PeerUnavailableError
+
+        latest = self.home.latest()
+        if epoch is None:
+            epoch = latest.epoch if latest else 0
+        if not epoch:
+            return 0
+        if latest is None or latest.epoch != epoch:
+            raise PeerUnavailableError(
+                f"the checkpoint of epoch {epoch} the cluster agreed on is not in {self.home.uri} "
+                f"(it holds {latest.epoch if latest else 'none'})"
+            )
+        self._model.optimizer.build(self._model.trainable_variables)
+        self.checkpoint.read(self.home.prefix(epoch)).assert_existing_objects_matched()
+        self.throughput.epochs[:] = [dict(e) for e in latest.epochs]
+        done = "epoch 1 is done" if epoch == 1 else f"epochs 1-{epoch} are done"
+        log.info("resuming from the checkpoint: %s, continuing with epoch %d", done, epoch + 1)
+        return epoch
+
+
+def log_epoch(entry: dict[str, Any]) -> None:
+    """The line that says an epoch is finished (and, with checkpoints, saved): `epoch 3: {...}`."""
+    log.info("epoch %d: %s", entry["epoch"], json.dumps(entry))
+
+
+class ThroughputHistory:
+    """Per-epoch loss, accuracy, wall time and examples/s, as a Keras callback; `epochs` holds one dict per epoch."""
+
+    def __init__(self, examples_per_epoch: int) -> None:
+        import tf_keras as keras
+
+        outer = self
+
+        class _Callback(keras.callbacks.Callback):
+            def on_train_begin(self, logs=None):
+                outer._fit_start = time.perf_counter()
+
+            def on_epoch_begin(self, epoch, logs=None):
+                outer._start = time.perf_counter()
+
+            def on_epoch_end(self, epoch, logs=None):
+                now = time.perf_counter()
+                seconds = now - outer._start
+                entry = {
+                    "epoch": epoch + 1,
+                    "seconds": round(seconds, 3),
+                    "elapsed": round(now - outer._fit_start, 3),
+                    "examples_per_second": round(examples_per_epoch / seconds, 1),
+                }
+                entry.update({k: float(v) for k, v in (logs or {}).items()})
+                outer.epochs.append(entry)
+                if outer.log_epochs:
+                    log_epoch(entry)
+
+        self.epochs: list[dict[str, Any]] = []
+        self.log_epochs = True
+        self._start = 0.0
+        self._fit_start = 0.0
+        self.callback = _Callback()
+
+
+def current_learning_rate(optimizer: Any) -> float:
+    """The learning rate of the optimizer's next step, read the way tf_keras' own TensorBoard callback reads it."""
+    import tf_keras as keras
+
+    rate = getattr(optimizer, "_learning_rate", None)
+    if rate is None:
+        rate = optimizer.learning_rate
+    if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+        rate = rate(optimizer.iterations)
+    return float(rate)
+
+
+def run_log_dir(tensorboard_dir: str, run_id: str) -> str:
+    """Where one run's event files go: `tensorboard_dir/<run_id>` (or `tensorboard_dir` itself without a run id).
+
+    Each run is one TensorBoard "run" with a `train` and, when validating, a `validation` subdirectory, so
+    TensorBoard draws both on one chart and every retrain appears beside the earlier ones.
+    """
+    root = tensorboard_dir.rstrip("/")
+    return f"{root}/{run_id}" if run_id else root
+
+
+class TensorBoardScalars:
+    """Per-epoch scalars as TensorBoard event files (`tf.summary`), as a Keras callback; only the chief uses it.
+
+    Under `log_dir/train`: loss, accuracy, learning_rate and examples_per_second; under `log_dir/validation`:
+    loss and accuracy when the run validates. The step of every point is the epoch (1, 2, ...), as in
+    history.json; the writers flush after every epoch, so TensorBoard shows a run while it trains.
+
+    Args:
+        log_dir: the run's directory (`run_log_dir`); any `tf.io.gfile` location.
+        throughput: the run's ThroughputHistory, placed before this callback, for examples/s.
+    """
+
+    def __init__(self, log_dir: str, throughput: ThroughputHistory) -> None:
+        import tensorflow as tf
+        import tf_keras as keras
+
+        self.log_dir = log_dir
+        writers: dict[str, Any] = {}
+
+        def writer(name: str) -> Any:
+            if name not in writers:
+                writers[name] = tf.summary.create_file_writer(f"{log_dir}/{name}")
+            return writers[name]
+
+        class _Callback(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                logs = dict(logs or {})
+                step = epoch + 1
+                train = {name: logs[name] for name in ("loss", "accuracy") if name in logs}
+                train["learning_rate"] = current_learning_rate(self.model.optimizer)
+                if throughput.epochs and throughput.epochs[-1]["epoch"] == step:
+                    train["examples_per_second"] = throughput.epochs[-1]["examples_per_second"]
+                validation = {name[4:]: logs[name] for name in ("val_loss", "val_accuracy") if name in logs}
+                for name, values in (("train", train), ("validation", validation)):
+                    if values:
+                        with writer(name).as_default():
+                            for tag, value in values.items():
+                                tf.summary.scalar(tag, float(value), step=step)
+                        writer(name).flush()
+
+            def on_train_end(self, logs=None):
+                for w in writers.values():
+                    w.close()
+
+        self.callback = _Callback()

@@ -1,0 +1,234 @@
+"""Parameter-server training: the chief coordinates, parameter servers hold the variables, workers run steps.
+
+Parameter servers and workers only run a `tf.distribute.Server`; nothing in TensorFlow tells them the job is over.
+So the chief publishes a small status document (`--status-uri`: a ConfigMap of the run on Kubernetes, a local file
+for the launcher, or an s3:// or gs:// object; see `trainer.storage.status`) and refreshes it every `STATUS_INTERVAL`
+seconds:
+
+    {"state": "running" | "succeeded" | "failed", "heartbeat": <unix time>, "detail": "..."}
+
+Servers poll it: `succeeded` -> exit 0; `failed` -> exit 1; no status after `--startup-timeout`, or a heartbeat
+older than `--chief-timeout` (the chief vanished) -> exit 138 (retryable). A lost worker does not stop training:
+the chief's ClusterCoordinator reschedules its steps on the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from trainer.cluster import tf_config as cluster_lib
+from trainer.cluster.peers import lost_peer_message
+from trainer.config.contract import TrainConfig
+from trainer.core.errors import ChiefFailedError, PeerUnavailableError, UsageError
+from trainer.core.files import check_writable_parent
+from trainer.data.inputs import ps_dataset_creator
+from trainer.data.tfrecords import load_metadata, verify_split
+from trainer.modeling.export import history_record, save_model
+from trainer.storage.status import open_status
+from trainer.training.callbacks import TensorBoardScalars, ThroughputHistory, run_log_dir
+
+log = logging.getLogger(__name__)
+
+STATUS_INTERVAL = 2.0
+POLL_INTERVAL = 1.0
+
+
+def check_topology(tf_config: dict[str, Any] | None) -> None:
+    """Refuses a TF_CONFIG without one chief, parameter servers and workers."""
+    if (
+        not tf_config
+        or not tf_config["cluster"].get("chief")
+        or not tf_config["cluster"].get("ps")
+        or not tf_config["cluster"].get("worker")
+    ):
+        raise UsageError(
+            "parameter_server strategy needs a TF_CONFIG with one chief, at least one ps and at least one worker; "
+            f"got jobs {sorted(tf_config['cluster']) if tf_config else 'none (no TF_CONFIG)'}"
+        )
+
+
+class StatusPublisher:
+    """The chief's side: writes the status document now and keeps its heartbeat fresh from a thread.
+
+    Args:
+        store: a status URI (`configmap:NAME`, a path, `s3://`, `gs://`) or a store from `trainer.storage.status`.
+    """
+
+    def __init__(self, store: str | Any) -> None:
+        self.store = open_status(store) if isinstance(store, str) else store
+        self._stop = threading.Event()
+        self._state = "running"
+        self._detail = ""
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+
+    def _write(self) -> None:
+        self.store.write({"state": self._state, "heartbeat": time.time(), "detail": self._detail})
+
+    def _beat(self) -> None:
+        while not self._stop.wait(STATUS_INTERVAL):
+            try:
+                self._write()
+            except Exception as err:  # noqa: BLE001 - a missed beat is retried; the servers' timeout is the limit
+                log.warning("chief: could not refresh the status heartbeat: %s", err)
+
+    def __enter__(self) -> StatusPublisher:
+        self._write()
+        self._thread.start()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._state, self._detail = ("failed", str(exc).splitlines()[0][:300]) if exc_type else ("succeeded", "")
+        self._write()
+
+
+def wait_for_chief(store: str | Any, startup_timeout: float, chief_timeout: float, what: str) -> None:
+    """A server's side: polls the chief's status until it says the job is over.
+
+    Args:
+        store: a status URI (`configmap:NAME`, a path, `s3://`, `gs://`) or a store from `trainer.storage.status`.
+        startup_timeout: seconds to wait for the first status.
+        chief_timeout: the oldest heartbeat that still counts as a live chief, in seconds.
+        what: this task's name for the messages.
+
+    Raises:
+        PeerUnavailableError: no status within `startup_timeout`, or a heartbeat older than `chief_timeout`.
+        ChiefFailedError: the chief reported a failure.
+    """
+    store = open_status(store) if isinstance(store, str) else store
+    uri = store.where
+    started = time.monotonic()
+    while True:
+        status = store.read()
+        if status is None:
+            if time.monotonic() - started > startup_timeout:
+                raise PeerUnavailableError(
+                    f"{what}: the chief published no status at {uri} within {startup_timeout:g}s"
+                )
+        elif status["state"] == "succeeded":
+            log.info("%s: the chief finished successfully; exiting", what)
+            return
+        elif status["state"] == "failed":
+            raise ChiefFailedError(f"{what}: the chief failed: {status.get('detail', '')}")
+        elif time.time() - status["heartbeat"] > chief_timeout:
+            age = time.time() - status["heartbeat"]
+            raise PeerUnavailableError(
+                f"{what}: the chief's heartbeat at {uri} is {age:.0f}s old "
+                f"(limit {chief_timeout:g}s); the chief vanished"
+            )
+        time.sleep(max(POLL_INTERVAL, store.poll_seconds))
+
+
+def run_server(config: TrainConfig, tf_config: dict[str, Any], on_started: Callable[[], None] | None = None) -> None:
+    """Runs this ps or worker task's server until the chief's status says the job is over (see `wait_for_chief`)."""
+    import tensorflow as tf
+
+    task = tf_config["task"]
+    what = f"{task['type']} {task['index']}"
+    tf.distribute.Server(
+        tf.train.ClusterSpec(tf_config["cluster"]),
+        job_name=task["type"],
+        task_index=task["index"],
+        protocol="grpc",
+        start=True,
+    )
+    if on_started:
+        on_started()
+    log.info(
+        "%s: server started at %s (pid %d); waiting for the chief",
+        what,
+        cluster_lib.own_address(tf_config),
+        os.getpid(),
+    )
+    wait_for_chief(status_store(config), config.cluster.startup_timeout, config.cluster.chief_timeout, what)
+
+
+def run(
+    config: TrainConfig,
+    tf_config: dict[str, Any],
+    *,
+    datasets: Any = None,
+    strategy: Any = None,
+    on_formed: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """The chief: coordinates training under ParameterServerStrategy and exports the model like the mirrored runner.
+
+    Args:
+        config: the checked training configuration.
+        tf_config: the chief's TF_CONFIG as a dict, with chief, ps and worker jobs.
+        datasets: optional `DatasetCreator` (or dataset function) for the workers; by default the prepared shards.
+        strategy: optional ParameterServerStrategy; by default one built from `tf_config`.
+        on_formed: called once the strategy is connected to the parameter servers and workers.
+
+    Returns:
+        The training history (also written to `history.json`).
+    """
+    import tensorflow as tf
+
+    from trainer.modeling.cnn import build_model
+
+    check_topology(tf_config)
+    runtime = config.runtime
+    meta = load_metadata(runtime.data_dir)
+    verify_split(runtime.data_dir, meta, "train")
+    check_writable_parent(runtime.model_dir)
+    log_dir = run_log_dir(runtime.tensorboard_dir, runtime.run_id) if runtime.tensorboard_dir else ""
+    if log_dir:
+        check_writable_parent(f"{log_dir}/train")
+    with StatusPublisher(status_store(config)):
+        if strategy is None:
+            strategy = tf.distribute.experimental.ParameterServerStrategy(cluster_lib.cluster_resolver(tf_config))
+        if on_formed:
+            on_formed()
+        workers = len(tf_config["cluster"]["worker"])
+        batch_size = config.optim.batch_size
+        steps = config.optim.steps_per_epoch or max(1, meta["splits"]["train"]["num_examples"] // batch_size)
+        image_shape = tuple(meta["image_shape"])
+        with strategy.scope():
+            model = build_model(image_shape, meta["num_classes"], config.optim.learning_rate)
+        throughput = ThroughputHistory(steps * batch_size)
+        callbacks = [throughput.callback]
+        if log_dir:
+            callbacks.append(TensorBoardScalars(log_dir, throughput).callback)
+        log.info(
+            "chief: %d epochs x %d steps of %d examples over %d workers and %d parameter servers",
+            config.optim.epochs,
+            steps,
+            batch_size,
+            workers,
+            len(tf_config["cluster"]["ps"]),
+        )
+        if datasets is None:
+            datasets = ps_dataset_creator(runtime.data_dir, meta, config.data, batch_size)
+        try:
+            model.fit(datasets, epochs=config.optim.epochs, steps_per_epoch=steps, callbacks=callbacks, verbose=0)
+        except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as err:
+            raise PeerUnavailableError(lost_peer_message(tf_config, err.message, "a parameter server")) from None
+        history = history_record(
+            config, meta, throughput.epochs, workers, batch_size, steps, config.optim.learning_rate
+        )
+        history["parameter_servers"] = len(tf_config["cluster"]["ps"])
+        save_model(model, image_shape, runtime.model_dir, history)
+    return history
+
+
+def status_uri(config: TrainConfig) -> str:
+    """The status document's location: `status_uri`, or MODEL_DIR.status.json beside the model."""
+    return config.runtime.status_uri or f"{config.runtime.model_dir.rstrip('/')}.status.json"
+
+
+def status_store(config: TrainConfig) -> Any:
+    """This run's status store: `status_uri` ({namespace} expanded), an s3:// one in the store `storage` names."""
+    from trainer.k8s import objects as k8s
+    from trainer.storage import kfp as kfpstore
+
+    namespace = k8s.namespace_if_pod()
+    uri = kfpstore.expand(status_uri(config), namespace)
+    store = kfpstore.store(config.storage, namespace) if uri.startswith("s3://") else None
+    return open_status(uri, config.runtime.run_id, store)
