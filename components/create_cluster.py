@@ -23,7 +23,7 @@ def create_cluster(cluster: Output[Artifact], run_id: str, num_workers: int, clu
         cluster_mode=cluster_mode,
         port=port,
     )
-    cluster.metadata.update(record)
+    cluster.metadata.update(record.to_json())
     return list(range(num_workers))
 
 
@@ -50,5 +50,5 @@ def create_ps_cluster(
         port=port,
         num_ps=num_ps,
     )
-    cluster.metadata.update(record)
+    cluster.metadata.update(record.to_json())
     return [f"worker:{i}" for i in range(num_workers)] + [f"ps:{i}" for i in range(num_ps)]

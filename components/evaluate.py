@@ -39,7 +39,7 @@ def evaluate(
     from trainer import steps
     from trainer.cli import run_step
 
-    result = run_step(
+    verdict = run_step(
         steps.evaluate,
         dataset=dataset.path,
         model_dirs=[m.path for m in models],
@@ -47,16 +47,14 @@ def evaluate(
         chief_copy=chief_model.path,
         min_accuracy=min_accuracy,
     )
-    for name in ("accuracy", "loss", "min_accuracy", "passed_gate", "serving_check_passed"):
-        metrics.log_metric(name, result[name])
-    metrics.log_metric("test_examples", result["num_examples"])
-    classification_metrics.log_confusion_matrix(result["class_names"], result["confusion_matrix"])
-    source = next(m for m in models if m.path == result["source_dir"])
-    check = result["serving_check"]
-    report.metadata.update({"model_uri": source.uri, "serving_check": check["summary"], "decision": result["decision"]})
+    for name, value in verdict.metrics().items():
+        metrics.log_metric(name, value)
+    results, check = verdict.evaluation, verdict.serving_check
+    classification_metrics.log_confusion_matrix(list(results.class_names), [list(r) for r in results.confusion_matrix])
+    source = next(m for m in models if m.path == verdict.model_dir)
+    report.metadata.update({"model_uri": source.uri, "serving_check": check.summary, "decision": verdict.decision})
     chief_model.metadata.update(
-        {"accuracy": result["accuracy"], "source_uri": source.uri, "serving_check": check["summary"]}
+        {"accuracy": results.accuracy, "source_uri": source.uri, "serving_check": check.summary}
     )
     outputs = namedtuple("Outputs", ["Output", "accuracy", "serving_check"])
-    verdict = "passed" if check["passed"] else f"failed: {check['reason']}"
-    return outputs(result["decision"], result["accuracy"], verdict)
+    return outputs(verdict.decision, results.accuracy, "passed" if check.passed else f"failed: {check.reason}")

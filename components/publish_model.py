@@ -37,13 +37,13 @@ def publish_model(
     )
     os.makedirs(os.path.dirname(decision.path), exist_ok=True)
     with open(decision.path, "w") as f:
-        f.write(f"# Publish\n\n{result['reason']}.\n\nPublish location: `{publish_uri}`\n")
-    latest = result if result["published"] else (result.get("previous") or {})
+        f.write(f"# Publish\n\n{result.reason}.\n\nPublish location: `{publish_uri}`\n")
+    latest_version, latest_path = result.latest
     decision.metadata.update(
         {
-            "published": result["published"],
-            "version": result["version"] or 0,
-            "latest_version": latest.get("version") or 0,
-            "latest_path": latest.get("path", ""),
+            "published": result.published,
+            "version": result.version or 0,
+            "latest_version": latest_version,
+            "latest_path": latest_path,
         }
     )

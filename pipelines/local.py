@@ -1,6 +1,5 @@
 """Running the whole pipeline here with kfp.local: every step a subprocess, artifacts under a local pipeline root."""
 
-import json
 import os
 import time
 from typing import Any
@@ -8,6 +7,8 @@ from typing import Any
 from pipelines.factories import mirrored_pipeline
 from trainer.config import registry as settings
 from trainer.core.errors import UsageError
+from trainer.storage.publish import latest
+from trainer.training.history import History
 
 LOCAL_MAX_WORKERS = 2
 LOCAL_IMAGE = "kfp-tf-multiworker:local"
@@ -50,8 +51,7 @@ def run_local(output_dir: str, **arguments: Any) -> dict[str, Any]:
     started = time.monotonic()
     outputs = mirrored_pipeline(LOCAL_IMAGE)(**arguments).outputs
     model = outputs["model"].path
-    with open(os.path.join(model, "history.json")) as f:
-        history = json.load(f)
+    history = History.read(model)
     result = {
         "seconds": round(time.monotonic() - started, 1),
         "accuracy": outputs["accuracy"],
@@ -59,11 +59,11 @@ def run_local(output_dir: str, **arguments: Any) -> dict[str, Any]:
         "model": model,
         "report": outputs["report"].path,
         "run": os.path.dirname(os.path.dirname(model)),
-        "tensorboard": history.get("tensorboard") or "none (no --tensorboard-dir)",
+        "tensorboard": history.tensorboard or "none (no --tensorboard-dir)",
     }
     publish_uri = arguments.get("publish_uri", "")
     decision = outputs["report"].metadata["decision"]
-    result["publish"] = publish_summary(history["run_id"], decision, outputs["metrics"].metadata, publish_uri)
+    result["publish"] = publish_summary(history.run_id, decision, outputs["metrics"].metadata, publish_uri)
     return result
 
 
@@ -73,12 +73,8 @@ def publish_summary(run_id: str, decision: str, metrics: dict[str, Any], publish
         return "not published: no publish location"
     if decision != "publish":
         return "not published: " + decision.removeprefix("hold: ")
-    latest_path = os.path.join(publish_uri, "latest.json")
-    with open(latest_path) as f:
-        latest = json.load(f)
-    if latest["lineage"]["run_id"] == run_id:
-        return f"published version {latest['version']} at {latest['path']}"
-    return (
-        f"not published: accuracy {metrics['accuracy']:.4f} is below the published version {latest['version']} "
-        f"({latest['metrics']['accuracy']:.4f})"
-    )
+    published = latest(publish_uri)
+    if published is not None and published.lineage["run_id"] == run_id:
+        return f"published version {published.version} at {published.path}"
+    known = f"{published.version} ({published.accuracy:.4f})" if published else "(none)"
+    return f"not published: accuracy {metrics['accuracy']:.4f} is below the published version {known}"

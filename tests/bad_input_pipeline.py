@@ -197,6 +197,33 @@ PIPELINE_CASES = {
         "chief",
         "min_accuracy nan is not allowed",
     ),
+    "evaluate step on a model without its history": lambda b, s: (
+        _component(
+            "evaluate",
+            dataset=Dataset(uri=s),
+            models=[Model(uri=str(b / "no-history"))],
+            metrics=Metrics(uri=str(b / "out" / "metrics")),
+            classification_metrics=Artifact(uri=str(b / "out" / "cm")),
+            report=Artifact(uri=str(b / "out" / "report")),
+            chief_model=Model(uri=str(b / "out" / "chief")),
+            min_accuracy=0.5,
+        ),
+        [],
+        "chief",
+        "/no-history' has no history.json; allowed: a directory the trainer's chief wrote",
+    ),
+    "publish step on a model without its history": lambda b, s: (
+        _component(
+            "publish_model",
+            model=Model(uri=str(b / "no-history")),
+            metrics=Metrics(uri=str(b / "m")),
+            decision=Markdown(uri=str(b / "out" / "d")),
+            publish_uri=str(b / "out" / "published"),
+        ),
+        [],
+        "d",
+        "/no-history' has no history.json; allowed: a directory the trainer's chief wrote",
+    ),
     "publish step without a location": lambda b, s: (
         _component(
             "publish_model",

@@ -57,10 +57,13 @@ def bad(tmp_path_factory, sample_data):
     _metadata(root, sample_data, "one-class", lambda m: m.update(num_classes=1, class_names=["0"]))
     (root / "not-a-model").mkdir()
     (root / "not-a-model" / "history.json").write_text("{}")
+    (root / "no-history" / "saved_model").mkdir(parents=True)
     (root / "a-file").write_text("x")
     cluster = root / "cluster"
     cluster.mkdir()
-    (cluster / "cluster.json").write_text(json.dumps({"cluster": {"worker": ["localhost:1"]}, "control": None}))
+    (cluster / "cluster.json").write_text(
+        json.dumps({"cluster": {"worker": ["localhost:1"]}, "control": None, "mode": "local"})
+    )
     return root
 
 

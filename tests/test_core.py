@@ -1,7 +1,5 @@
 """The training core in this process: the runner with a one-device strategy, a few dozen real digits, and its seams."""
 
-import json
-
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -11,6 +9,7 @@ from trainer.core.errors import UsageError
 from trainer.data import sources as prepare
 from trainer.evaluation.metrics import run as evaluate
 from trainer.training import mirrored
+from trainer.training.history import History
 
 
 def ONE_DEVICE():  # noqa: N802 - reads as the strategy it builds
@@ -36,13 +35,13 @@ def _config(data_dir, model_dir, **optim):
 def test_one_device_training_writes_the_model_and_the_loss_falls(few_digits, tmp_path):
     config = _config(few_digits, tmp_path / "model", epochs=6, steps_per_execution=3, learning_rate=0.003)
     history = mirrored.run(config, None, strategy=ONE_DEVICE())
-    losses = [e["loss"] for e in history["epochs"]]
+    losses = [e["loss"] for e in history.epochs]
     assert len(losses) == 6 and losses[-1] < 0.7 * losses[0], losses
     assert sorted(p.name for p in (tmp_path / "model").iterdir()) == ["history.json", "model.keras", "saved_model"]
-    assert json.loads((tmp_path / "model" / "history.json").read_text()) == history
-    assert history["workers"] == 1 and history["steps_per_epoch"] == 6 and history["run_id"] == "in-process"
+    assert History.read(str(tmp_path / "model")) == history
+    assert history.workers == 1 and history.steps_per_epoch == 6 and history.run_id == "in-process"
     metrics = evaluate(str(tmp_path / "model"), few_digits)
-    assert metrics["num_examples"] == 48 and metrics["accuracy"] > 0.1
+    assert metrics.num_examples == 48 and metrics.accuracy > 0.1
     assert not (tmp_path / "model.backup").exists(), "the checkpoint directory is removed after a successful run"
 
 
@@ -53,7 +52,7 @@ def test_the_datasets_seam_trains_on_what_it_is_given(few_digits, tmp_path):
     constant = tf.data.Dataset.from_tensors((images, labels)).repeat()
     config = _config(few_digits, tmp_path / "model", epochs=2, steps_per_epoch=5, learning_rate=0.01)
     history = mirrored.run(config, None, datasets=constant, strategy=ONE_DEVICE())
-    assert history["epochs"][-1]["accuracy"] == 1.0, "it learned the one constant label it was fed"
+    assert history.epochs[-1]["accuracy"] == 1.0, "it learned the one constant label it was fed"
 
 
 def test_a_ps_cluster_is_refused_by_the_mirrored_runner(few_digits, tmp_path):

@@ -95,8 +95,8 @@ def test_a_peer_killed_mid_training_makes_both_workers_restart_in_place_and_fini
     assert "worker 1: restart 1 of 1 in place (exit code 137)" in text, "the killed one restarts"
     assert re.search(r"worker 0: restart 1 of 1 in place \(exit code 138\)", text), "and the survivor with it"
     assert len(re.findall(r"cluster formed", text)) == 4, "each worker's training process started twice, no more"
-    resumed = evaluate(str(tmp_path / "model"), sample_data)["accuracy"]
-    undisturbed = evaluate(str(undisturbed_two_workers[0]), sample_data)["accuracy"]
+    resumed = evaluate(str(tmp_path / "model"), sample_data).accuracy
+    undisturbed = evaluate(str(undisturbed_two_workers[0]), sample_data).accuracy
     assert abs(resumed - undisturbed) <= 0.005, (resumed, undisturbed)
     assert not os.listdir(tmp_path / "checkpoints"), "every worker removes its checkpoints after success"
 
@@ -187,5 +187,5 @@ def test_whole_worker_processes_killed_are_replaced_and_every_worker_resumes_aft
         assert sorted(set(epochs)) == list(range(1, 9)) and epochs[-3:] == [6, 7, 8], (label, epochs)
     history = json.loads((model / "history.json").read_text())
     assert [e["epoch"] for e in history["epochs"]] == list(range(1, 9)), "the history carries the resumed epochs"
-    assert evaluate(str(model), sample_data)["accuracy"] >= 0.95
+    assert evaluate(str(model), sample_data).accuracy >= 0.95
     assert not (model.parent / "model.backup").exists(), "every worker removes its checkpoints after success"

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from tests.conftest import write_history
 from tests.standins.s3 import S3Server
 from trainer import steps
 from trainer.cli import run_step
@@ -54,7 +55,7 @@ def model_dir(tmp_path_factory):
     module.scale = tf.Variable(2.0)
     module.serve = tf.function(lambda x: {"y": x * module.scale}, input_signature=[tf.TensorSpec([None], tf.float32)])
     tf.saved_model.save(module, str(root / "saved_model"), signatures={"serving_default": module.serve})
-    (root / "history.json").write_text(json.dumps({"run_id": "run-1", "dataset": "sample", "parameters": {}}))
+    write_history(root)
     return str(root)
 
 
@@ -67,13 +68,13 @@ def _publish(model_dir, store, publish_uri, storage="kfp"):
 def test_the_default_location_is_the_namespaces_own_prefix_and_publishing_there_works(pod, model_dir):
     assert kfpstore.PUBLISH_URI == "s3://mlpipeline/private/{namespace}/models/mnist"
     result = _publish(model_dir, pod, kfpstore.PUBLISH_URI)
-    assert result["published"], result
-    assert result["path"] == f"s3://mlpipeline/private/{NAMESPACE}/models/mnist/{result['version']}"
+    assert result.published, result
+    assert result.path == f"s3://mlpipeline/private/{NAMESPACE}/models/mnist/{result.version}"
     keys = pod.keys(f"private/{NAMESPACE}/models/mnist/", bucket="mlpipeline")
     assert f"private/{NAMESPACE}/models/mnist/latest.json" in keys
-    assert f"private/{NAMESPACE}/models/mnist/{result['version']}/saved_model.pb" in keys
+    assert f"private/{NAMESPACE}/models/mnist/{result.version}/saved_model.pb" in keys
     shared = _publish(model_dir, pod, "s3://mlpipeline/shared/models/mnist")
-    assert shared["published"], "shared/ is every namespace's"
+    assert shared.published, "shared/ is every namespace's"
 
 
 @pytest.mark.parametrize(

@@ -85,7 +85,7 @@ def test_chief_ps_and_two_workers_train_and_all_exit_zero(sample_data, tmp_path)
     assert len(pids) == 3 and _processes_alive(pids) == [], "no process is left running"
     history = json.loads((tmp_path / "model" / "history.json").read_text())
     assert history["strategy"] == "parameter_server" and history["parameter_servers"] == 1 and history["workers"] == 2
-    assert evaluate(str(tmp_path / "model"), sample_data)["accuracy"] >= 0.95
+    assert evaluate(str(tmp_path / "model"), sample_data).accuracy >= 0.95
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ import uuid
 
 import pytest
 
+from tests.conftest import write_history
 from tests.standins.s3 import BUCKET, FaultyProxy, S3Server
 from trainer.core.errors import UsageError
 from trainer.storage.locations import StorageError
@@ -94,32 +95,30 @@ def _model_files(saved_model):
 
 def test_first_publish_writes_a_complete_version_its_metrics_and_latest(backend, saved_model):
     result = backend.publish(saved_model, 0.96)
-    version = result["version"]
-    assert result["published"] and result["reason"].endswith("(first version)")
+    version = result.version
+    assert result.published and result.reason.endswith("(first version)")
     expected = sorted([f"{version}/{f}" for f in [*_model_files(saved_model), "metrics.json"]] + ["latest.json"])
     assert backend.listing() == expected, "the version, its metrics and latest.json; no staging left"
     latest_doc = backend.read_json("latest.json")
     assert latest_doc == backend.read_json(f"{version}/metrics.json")
     assert latest_doc["version"] == version and latest_doc["path"] == f"{backend.uri}/{version}"
     assert latest_doc["metrics"]["accuracy"] == 0.96 and latest_doc["lineage"] == LINEAGE
-    assert latest(backend.uri, backend.endpoint) == latest_doc
+    assert latest(backend.uri, backend.endpoint).to_json() == latest_doc
     if backend.kind == "s3":
         source = open(os.path.join(saved_model, "variables", "variables.data-00000-of-00001"), "rb").read()
         assert backend.s3.read(f"{backend.prefix}/{version}/variables/variables.data-00000-of-00001") == source
 
 
 def test_a_better_model_gets_a_higher_version_and_a_worse_one_replaces_nothing(backend, saved_model):
-    first = backend.publish(saved_model, 0.96)["version"]
+    first = backend.publish(saved_model, 0.96).version
     second = backend.publish(saved_model, 0.97)
-    assert second["published"] and second["version"] > first and second["reason"].endswith("(previous 0.9600)")
+    assert second.published and second.version > first and second.reason.endswith("(previous 0.9600)")
     before = backend.listing()
     third = backend.publish(saved_model, 0.95)
-    assert not third["published"]
-    assert third["reason"] == (
-        f"not published: accuracy 0.9500 is below the published version {second['version']} (0.9700)"
-    )
+    assert not third.published
+    assert third.reason == (f"not published: accuracy 0.9500 is below the published version {second.version} (0.9700)")
     assert backend.listing() == before
-    assert backend.read_json("latest.json")["version"] == second["version"]
+    assert backend.read_json("latest.json")["version"] == second.version
 
 
 def test_a_source_file_lost_mid_copy_leaves_nothing_visible(backend, saved_model, tmp_path):
@@ -138,7 +137,7 @@ def test_s3_a_connection_lost_while_the_version_is_copied_leaves_no_version(s3, 
     for name, value in s3.publisher.env().items():
         monkeypatch.setenv(name, value)
     target = Backend("s3", tmp_path, s3)
-    first = target.publish(saved_model, 0.96)["version"]
+    first = target.publish(saved_model, 0.96).version
 
     def fails(request):
         copying = request.method == "PUT" and "x-amz-copy-source" in request.headers
@@ -221,5 +220,5 @@ def _chief_model(tmp_path, saved_model):
 
     root = tmp_path / "chief"
     shutil.copytree(saved_model, root / "saved_model")
-    (root / "history.json").write_text(json.dumps({"run_id": "run-1", "dataset": "sample", "parameters": {}}))
+    write_history(root)
     return Model(uri=str(root))

@@ -4,30 +4,42 @@ Each check starts a fresh process that loads the SavedModel through TensorFlow's
 Serving's REST API on loopback; nothing in TensorFlow is mocked.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 from kfp.dsl import HTML, ClassificationMetrics, Dataset, Metrics, Model
 
 import components
 from pipelines.local import publish_summary
-from trainer import steps
 from trainer.data.tfrecords import read_arrays
 from trainer.evaluation import metrics as evaluate
+from trainer.evaluation.metrics import compute_metrics
+from trainer.evaluation.verdict import Verdict
 from trainer.modeling.cnn import build_model, serving_function
 from trainer.modeling.export import save_model
 from trainer.serving import check as serving_check
+from trainer.serving.check import Check, ServingCheck
+from trainer.training.history import History
 
 pytestmark = pytest.mark.slow  # each test starts a server or a fresh TensorFlow process
 
 SHAPE = (28, 28, 1)
 ROWS = 64
-HISTORY = {
-    "epochs": [{"epoch": 1, "loss": 2.3, "accuracy": 0.1, "examples_per_second": 100.0}],
-    "workers": 1,
-    "global_batch_size": 64,
-    "steps_per_epoch": 1,
-    "run_id": "run-7",
-}
+HISTORY = History(
+    epochs=({"epoch": 1, "loss": 2.3, "accuracy": 0.1, "examples_per_second": 100.0},),
+    workers=1,
+    strategy="multi_worker_mirrored",
+    global_batch_size=64,
+    steps_per_epoch=1,
+    learning_rate=0.002,
+    dataset="sample",
+    class_names=tuple("0123456789"),
+    image_shape=SHAPE,
+    run_id="run-7",
+    tensorboard="",
+    parameters={},
+)
 
 
 def _model(seed=1):
@@ -54,17 +66,17 @@ def exported(tmp_path_factory):
 
 
 def _failed(result, check):
-    assert not result["passed"]
-    failed = [c for c in result["checks"] if not c["passed"]]
-    assert failed[0]["name"] == check, result["checks"]
-    assert result["reason"] == f"{check}: {failed[0]['detail']}" and result["summary"] == f"failed: {result['reason']}"
-    return failed[0]["detail"]
+    assert not result.passed
+    failed = [c for c in result.checks if not c.passed]
+    assert failed[0].name == check, result.checks
+    assert result.reason == f"{check}: {failed[0].detail}" and result.summary == f"failed: {result.reason}"
+    return failed[0].detail
 
 
 def test_a_model_the_trainer_exported_passes_every_check(exported, held_out):
     result = serving_check.run(str(exported), held_out, evaluate.predict(str(exported), held_out))
-    assert result["passed"], result["checks"]
-    assert [c["name"] for c in result["checks"]] == [
+    assert result.passed, result.checks
+    assert [c.name for c in result.checks] == [
         "loads",
         "signature",
         "response",
@@ -73,8 +85,8 @@ def test_a_model_the_trainer_exported_passes_every_check(exported, held_out):
         "class_ids are the argmax",
         "agrees with the evaluation",
     ]
-    assert result["checks"][1]["detail"].startswith("serving_default: images DT_UINT8 [-1, 28, 28] -> probabilities")
-    assert result["summary"].startswith(f"passed: {ROWS} held-out uint8 images as TF Serving REST instances")
+    assert result.checks[1].detail.startswith("serving_default: images DT_UINT8 [-1, 28, 28] -> probabilities")
+    assert result.summary.startswith(f"passed: {ROWS} held-out uint8 images as TF Serving REST instances")
 
 
 def test_predictions_that_differ_from_the_evaluation_fail(exported, held_out):
@@ -158,10 +170,21 @@ def test_the_evaluate_step_reports_a_failed_check_and_says_why(sample_data, tmp_
 
 
 def test_the_decision_names_every_reason_to_hold():
-    failed = {"passed": False, "reason": "signature: no serving_default signature; the model has []"}
-    result = {"accuracy": 0.9, "min_accuracy": 0.95, "passed_gate": 0, "serving_check": failed}
-    assert steps.publish_decision(result) == (
+    reason = "signature: no serving_default signature; the model has []"
+    failed = ServingCheck(False, f"failed: {reason}", reason, (Check("signature", False, reason[11:]),), 8, 1.0)
+    results = compute_metrics(np.array([[0.9, 0.1]] * 9 + [[0.1, 0.9]]), np.array([0] * 9 + [0]), ["a", "b"])
+    assert results.accuracy == 0.9
+    assert Verdict(results, 0.95, failed).decision == (
         "hold: accuracy 0.9000 is below the gate 0.9500; the serving check failed: signature: no serving_default "
         "signature; the model has []"
     )
-    assert steps.publish_decision({**result, "passed_gate": 1, "serving_check": {"passed": True}}) == "publish"
+    passed = dataclasses.replace(failed, passed=True, reason="", summary="passed: ...")
+    assert Verdict(results, 0.9, passed).decision == "publish"
+    assert Verdict(results, 0.9, passed).metrics() == {
+        "accuracy": 0.9,
+        "loss": results.loss,
+        "min_accuracy": 0.9,
+        "passed_gate": 1,
+        "serving_check_passed": 1,
+        "test_examples": 10,
+    }

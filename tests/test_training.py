@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import run_module, trainer_args
 from trainer.cluster.local import free_ports
-from trainer.evaluation.metrics import compute_metrics
+from trainer.evaluation.metrics import Evaluation, compute_metrics
 from trainer.evaluation.metrics import run as evaluate
 
 
@@ -47,8 +47,8 @@ def test_two_workers_train_and_only_the_chief_writes(undisturbed_two_workers, sa
     assert [e["epoch"] for e in history["epochs"]] == list(range(1, 11))
     assert all(e["examples_per_second"] > 0 for e in history["epochs"])
     metrics = evaluate(str(model_dir), sample_data, str(tmp_path / "metrics.json"))
-    assert metrics["accuracy"] >= 0.95
-    assert json.loads((tmp_path / "metrics.json").read_text())["accuracy"] == metrics["accuracy"]
+    assert metrics.accuracy >= 0.95
+    assert Evaluation.from_json(json.loads((tmp_path / "metrics.json").read_text())) == metrics
 
 
 @pytest.mark.slow
@@ -59,7 +59,7 @@ def test_three_workers_reach_95_percent(sample_data, tmp_path):
     for index in range(3):
         assert re.search(rf"^\[worker {index}\] .*epoch 10:", result.stdout, re.M)
     _assert_only_chief_wrote(model_dir, scratch, 3)
-    assert evaluate(str(model_dir), sample_data)["accuracy"] >= 0.95
+    assert evaluate(str(model_dir), sample_data).accuracy >= 0.95
 
 
 @pytest.mark.slow
@@ -68,7 +68,7 @@ def test_one_process_without_tf_config(sample_data, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     history = json.loads((tmp_path / "model" / "history.json").read_text())
     assert history["workers"] == 1 and len(history["epochs"]) == 2
-    assert evaluate(str(tmp_path / "model"), sample_data)["accuracy"] >= 0.85
+    assert evaluate(str(tmp_path / "model"), sample_data).accuracy >= 0.85
 
 
 @pytest.mark.slow
@@ -106,10 +106,10 @@ def test_metrics_from_known_predictions():
     probabilities = np.array([[0.9, 0.1, 0.0], [0.2, 0.7, 0.1], [0.1, 0.6, 0.3], [0.0, 0.2, 0.8]])
     labels = np.array([0, 1, 2, 2])
     metrics = compute_metrics(probabilities, labels, ["a", "b", "c"])
-    assert metrics["accuracy"] == 0.75
-    assert metrics["confusion_matrix"] == [[1, 0, 0], [0, 1, 0], [0, 1, 1]]
-    assert metrics["loss"] == pytest.approx(-np.mean(np.log([0.9, 0.7, 0.3, 0.8])), abs=1e-6)
-    assert metrics["per_class"][1] == {
+    assert metrics.accuracy == 0.75
+    assert metrics.confusion_matrix == ((1, 0, 0), (0, 1, 0), (0, 1, 1))
+    assert metrics.loss == pytest.approx(-np.mean(np.log([0.9, 0.7, 0.3, 0.8])), abs=1e-6)
+    assert metrics.per_class[1] == {
         "class": 1,
         "name": "b",
         "precision": 0.5,
@@ -117,4 +117,5 @@ def test_metrics_from_known_predictions():
         "f1": 0.666667,
         "support": 1,
     }
-    assert metrics["per_class"][2]["recall"] == 0.5 and metrics["per_class"][2]["precision"] == 1.0
+    assert metrics.per_class[2]["recall"] == 0.5 and metrics.per_class[2]["precision"] == 1.0
+    assert Evaluation.from_json(json.loads(json.dumps(metrics.to_json()))) == metrics, "metrics.json round trip"

@@ -10,16 +10,20 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer.cluster import tf_config as cluster_lib
+from trainer.cluster.record import ClusterRecord
 from trainer.config.contract import ClusterConfig, DataConfig, PublishConfig, TrainConfig
 from trainer.core.errors import TaskFailedError, UsageError
 from trainer.core.files import write_json
 
+if TYPE_CHECKING:
+    from trainer.evaluation.verdict import Verdict
+    from trainer.storage.publish import Publication
+
 log = logging.getLogger(__name__)
 
-CLUSTER_FILE = "cluster.json"
 WORKER_FILE = "worker.json"
 
 
@@ -43,7 +47,7 @@ def prepare_data(
 
 def create_cluster(
     output_dir: str, run_id: str, num_workers: int, cluster_mode: str, port: int, num_ps: int = 0
-) -> dict[str, Any]:
+) -> ClusterRecord:
     """Gives every task of the run an address (and its supervisor a control address) and writes cluster.json.
 
     Kubernetes mode names one headless Service per task in this pod's namespace (each task creates its own when it
@@ -60,20 +64,8 @@ def create_cluster(
         addresses = k8s.task_addresses(run_id, tasks, k8s.namespace(), port)
         spec = cluster_lib.assign_addresses(addresses, num_workers, num_ps)
         control = cluster_lib.assign_addresses([cluster_lib.next_port(a) for a in addresses], num_workers, num_ps)
-    record = {"cluster": spec, "control": control, "mode": cluster_mode}
-    write_json(os.path.join(output_dir, CLUSTER_FILE), record)
-    return record
-
-
-def read_cluster(cluster_dir: str) -> dict[str, Any]:
-    """cluster.json as create_cluster wrote it, with its cluster spec checked."""
-    path = os.path.join(cluster_dir, CLUSTER_FILE)
-    try:
-        with open(path) as f:
-            record = json.load(f)
-    except (OSError, ValueError) as err:
-        raise UsageError(f"cluster file {path!r} cannot be read: {err}") from None
-    cluster_lib.validate_cluster(record.get("cluster", {}))
+    record = ClusterRecord(spec, control, settings.cluster_mode)
+    record.write(output_dir)
     return record
 
 
@@ -127,19 +119,19 @@ def train_task(
     config = _storage_defaults(
         TrainConfig.from_settings(data_dir=dataset, model_dir=model_dir, run_id=run_id, **settings)
     )
-    record = read_cluster(cluster_dir)
-    tf_config = cluster_lib.build_tf_config(record["cluster"], job, index)
-    log.info("%s %d joins the cluster %s", job, index, json.dumps(record["cluster"]))
+    record = ClusterRecord.read(cluster_dir)
+    tf_config = cluster_lib.build_tf_config(record.cluster, job, index)
+    log.info("%s %d joins the cluster %s", job, index, json.dumps(record.cluster))
     kubernetes = config.cluster.cluster_mode == "kubernetes"
     position = (
         discovery.join_cluster(
-            record["cluster"], job, index, run_id, config.cluster.startup_timeout, config.cluster.unschedulable_timeout
+            record.cluster, job, index, run_id, config.cluster.startup_timeout, config.cluster.unschedulable_timeout
         )
         if kubernetes
         else None
     )
     try:
-        code = supervise(config, tf_config, record.get("control"))
+        code = supervise(config, tf_config, record.control)
     finally:
         if kubernetes:
             discovery.leave_cluster(run_id, position)
@@ -152,23 +144,23 @@ def train_task(
     return {"task": f"{job}:{index}", "chief": chief, "strategy": config.cluster.strategy, "framework": "tensorflow"}
 
 
-def evaluate(dataset: str, model_dirs: list[str], report: str, chief_copy: str, min_accuracy: float) -> dict[str, Any]:
+def evaluate(dataset: str, model_dirs: list[str], report: str, chief_copy: str, min_accuracy: float) -> Verdict:
     """Evaluates the chief's exported SavedModel, runs the serving check, writes the HTML report, copies the model.
 
     The serving check (`trainer.serving.check`) serves the SavedModel in a fresh process the way TF Serving does
     and compares its answers for the first held-out images with the evaluation's.
 
     Returns:
-        The metrics (accuracy, loss, per-class results, confusion matrix, the gate's threshold, `passed_gate`),
-        `serving_check` (its result) with `serving_check_passed`, `decision` (`publish_decision`) and
-        `source_dir`.
+        The verdict: the results, the gate, the serving check, and so the publish decision.
     """
     import shutil
 
     from trainer.evaluation import metrics as evaluation
     from trainer.evaluation.report import write_html
-    from trainer.modeling.export import HISTORY_FILE, SAVED_MODEL_DIR
+    from trainer.evaluation.verdict import Verdict
+    from trainer.modeling.export import SAVED_MODEL_DIR
     from trainer.serving import check as serving_check
+    from trainer.training.history import History
 
     gate = PublishConfig(min_accuracy=min_accuracy)
     chiefs = [d for d in model_dirs if os.path.isdir(os.path.join(d, SAVED_MODEL_DIR))]
@@ -176,35 +168,14 @@ def evaluate(dataset: str, model_dirs: list[str], report: str, chief_copy: str, 
         raise UsageError(
             f"expected exactly one worker model with a SavedModel, found {len(chiefs)} of {len(model_dirs)}"
         )
-    result, images, probabilities = evaluation.evaluate_split(chiefs[0], dataset)
-    log.info("test accuracy %.4f, loss %.4f on %d examples", result["accuracy"], result["loss"], len(images))
-    result["min_accuracy"] = gate.min_accuracy
-    result["passed_gate"] = int(result["accuracy"] >= gate.min_accuracy)
+    history = History.read(chiefs[0])
+    results, images, probabilities = evaluation.evaluate_split(chiefs[0], dataset)
     count = min(len(images), serving_check.EXAMPLES)
     check = serving_check.run(os.path.join(chiefs[0], SAVED_MODEL_DIR), images[:count], probabilities[:count])
-    result["serving_check"] = check
-    result["serving_check_passed"] = int(check["passed"])
-    result["decision"] = publish_decision(result)
-    with open(os.path.join(chiefs[0], HISTORY_FILE)) as f:
-        history = json.load(f)
-    write_html(report, result, history)
+    verdict = Verdict(results, gate.min_accuracy, check, chiefs[0])
+    write_html(report, verdict, history)
     shutil.copytree(chiefs[0], chief_copy)
-    result["source_dir"] = chiefs[0]
-    return result
-
-
-def publish_decision(result: dict[str, Any]) -> str:
-    """`publish` when the model passed the quality gate and the serving check, else `hold: ` and why not.
-
-    The pipeline publishes inside `dsl.If(decision == "publish")`: one condition on one output, the only kind
-    kfp.local resolves (its condition evaluator finds a task's `Output`, not its other named outputs).
-    """
-    reasons = []
-    if not result["passed_gate"]:
-        reasons.append(f"accuracy {result['accuracy']:.4f} is below the gate {result['min_accuracy']:.4f}")
-    if not result["serving_check"]["passed"]:
-        reasons.append(f"the serving check failed: {result['serving_check']['reason']}")
-    return "hold: " + "; ".join(reasons) if reasons else "publish"
+    return verdict
 
 
 def publish_model(
@@ -214,29 +185,24 @@ def publish_model(
     model_uri: str = "",
     s3_endpoint: str = "",
     storage: str = "",
-) -> dict[str, Any]:
+) -> Publication:
     """Publishes the model behind the gate unless a better one is published; lineage comes from its history.json.
 
     `{namespace}` in `publish_uri` is this pod's namespace; `storage` `kfp` publishes to KFP's own object store.
     """
     from trainer.config.contract import StorageConfig
     from trainer.k8s import objects as k8s
-    from trainer.modeling.export import HISTORY_FILE, SAVED_MODEL_DIR
+    from trainer.modeling.export import SAVED_MODEL_DIR
     from trainer.storage import kfp as kfpstore
-    from trainer.storage.publish import publish
+    from trainer.storage.publish import check_target, publish
+    from trainer.training.history import History
 
     target = PublishConfig(publish_uri=publish_uri)
     namespace = k8s.namespace_if_pod()
     uri = kfpstore.expand(target.publish_uri, namespace)
     store = kfpstore.store(StorageConfig(storage=storage, s3_endpoint=s3_endpoint), namespace)
-    with open(os.path.join(model_dir, HISTORY_FILE)) as f:
-        history = json.load(f)
-    lineage = {
-        "run_id": history.get("run_id", ""),
-        "dataset": history.get("dataset"),
-        "model_uri": model_uri or model_dir,
-        "parameters": history.get("parameters", {}),
-    }
+    check_target(uri, store.endpoint)
+    lineage = {**History.read(model_dir).lineage, "model_uri": model_uri or model_dir}
     return publish(os.path.join(model_dir, SAVED_MODEL_DIR), metrics, uri, lineage, store.endpoint, store.refused)
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -14,6 +16,54 @@ from trainer.data.tfrecords import read_arrays
 from trainer.modeling.export import SAVED_MODEL_DIR
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+    """A model's results on a held-out split: what metrics.json holds.
+
+    Attributes:
+        accuracy: the share of examples whose most probable class is the label.
+        loss: mean cross-entropy of the label's probability (clipped at 1e-7).
+        num_examples: examples evaluated.
+        class_names: the classes, in label order.
+        per_class: per class: `class`, `name`, `precision`, `recall`, `f1`, `support`.
+        confusion_matrix: rows are the true class, columns the predicted one.
+        dataset: the prepared dataset's source; None when not known.
+        split: the split evaluated.
+    """
+
+    accuracy: float
+    loss: float
+    num_examples: int
+    class_names: tuple[str, ...]
+    per_class: tuple[dict[str, Any], ...]
+    confusion_matrix: tuple[tuple[int, ...], ...]
+    dataset: str | None = None
+    split: str = "test"
+
+    def to_json(self) -> dict[str, Any]:
+        """The results as metrics.json holds them."""
+        return {
+            **dataclasses.asdict(self),
+            "class_names": list(self.class_names),
+            "per_class": [dict(c) for c in self.per_class],
+            "confusion_matrix": [list(row) for row in self.confusion_matrix],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Evaluation:
+        """The results from metrics.json's content."""
+        return cls(
+            accuracy=float(data["accuracy"]),
+            loss=float(data["loss"]),
+            num_examples=int(data["num_examples"]),
+            class_names=tuple(data["class_names"]),
+            per_class=tuple(data["per_class"]),
+            confusion_matrix=tuple(tuple(row) for row in data["confusion_matrix"]),
+            dataset=data.get("dataset"),
+            split=data.get("split", "test"),
+        )
 
 
 def saved_model_path(model_dir: str) -> str:
@@ -41,7 +91,7 @@ def predict(model_dir: str, images: np.ndarray, batch_size: int = 1024) -> np.nd
     return np.concatenate(out)
 
 
-def compute_metrics(probabilities: np.ndarray, labels: np.ndarray, class_names: list[str]) -> dict[str, Any]:
+def compute_metrics(probabilities: np.ndarray, labels: np.ndarray, class_names: list[str]) -> Evaluation:
     """Accuracy, cross-entropy loss, per-class precision/recall/F1 and the confusion matrix (rows: true class)."""
     n = len(class_names)
     predicted = probabilities.argmax(axis=1)
@@ -70,33 +120,30 @@ def compute_metrics(probabilities: np.ndarray, labels: np.ndarray, class_names: 
     accuracy = float(np.trace(confusion) / max(1, len(labels)))
     if not math.isfinite(loss):
         loss = float("nan")
-    return {
-        "accuracy": round(accuracy, 6),
-        "loss": round(loss, 6),
-        "num_examples": int(len(labels)),
-        "class_names": list(class_names),
-        "per_class": per_class,
-        "confusion_matrix": confusion.tolist(),
-    }
+    return Evaluation(
+        accuracy=round(accuracy, 6),
+        loss=round(loss, 6),
+        num_examples=int(len(labels)),
+        class_names=tuple(class_names),
+        per_class=tuple(per_class),
+        confusion_matrix=tuple(tuple(int(v) for v in row) for row in confusion.tolist()),
+    )
 
 
-def evaluate_split(model_dir: str, data_dir: str, split: str = "test") -> tuple[dict[str, Any], Any, Any]:
-    """The metrics of the SavedModel in `model_dir` on `split`, with the split's images and the probabilities."""
+def evaluate_split(model_dir: str, data_dir: str, split: str = "test") -> tuple[Evaluation, Any, Any]:
+    """The results of the SavedModel in `model_dir` on `split`, with the split's images and the probabilities."""
     path = saved_model_path(model_dir)
     images, labels, meta = read_arrays(data_dir, split)
     probabilities = predict(path, images)
-    metrics = compute_metrics(probabilities, labels, meta["class_names"])
-    metrics["dataset"] = meta.get("source")
-    metrics["split"] = split
-    return metrics, images, probabilities
+    evaluation = compute_metrics(probabilities, labels, meta["class_names"])
+    evaluation = dataclasses.replace(evaluation, dataset=meta.get("source"), split=split)
+    log.info("test accuracy %.4f, loss %.4f on %d examples", evaluation.accuracy, evaluation.loss, len(images))
+    return evaluation, images, probabilities
 
 
-def run(model_dir: str, data_dir: str, output: str | None = None, split: str = "test") -> dict[str, Any]:
-    """Evaluates the SavedModel in `model_dir` on `split` of `data_dir`; writes the metrics JSON to `output`."""
-    metrics, _, _ = evaluate_split(model_dir, data_dir, split)
+def run(model_dir: str, data_dir: str, output: str | None = None, split: str = "test") -> Evaluation:
+    """Evaluates the SavedModel in `model_dir` on `split` of `data_dir`; writes metrics.json to `output`."""
+    evaluation, _, _ = evaluate_split(model_dir, data_dir, split)
     if output:
-        write_json(output, metrics)
-    log.info(
-        "test accuracy %.4f, loss %.4f on %d examples", metrics["accuracy"], metrics["loss"], metrics["num_examples"]
-    )
-    return metrics
+        write_json(output, evaluation.to_json())
+    return evaluation

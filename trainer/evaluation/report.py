@@ -5,23 +5,25 @@ from __future__ import annotations
 import html
 import os
 import urllib.parse
-from typing import Any
 
 from trainer.core.files import write_text
+from trainer.evaluation.verdict import Verdict
+from trainer.serving.check import ServingCheck
+from trainer.training.history import History
 
 
-def training_curves(history: dict[str, Any]) -> str:
+def training_curves(history: History) -> str:
     """Inline SVG line charts (pygal) of the training loss and accuracy per epoch, side by side."""
     import pygal
 
-    epochs = [e["epoch"] for e in history["epochs"]]
+    epochs = [e["epoch"] for e in history.epochs]
     charts = []
     for key, title in (("loss", "training loss"), ("accuracy", "training accuracy")):
         chart = pygal.Line(
             js=[], width=450, height=320, show_legend=False, title=title, x_title="epoch", disable_xml_declaration=True
         )
         chart.x_labels = epochs
-        chart.add(key, [e[key] for e in history["epochs"]])
+        chart.add(key, [e[key] for e in history.epochs])
         charts.append(chart.render(is_unicode=True))
     return f'<div style="display:flex;gap:1em">{"".join(charts)}</div>'
 
@@ -33,28 +35,26 @@ def _link(uri: str) -> str:
     return "file://" + urllib.parse.quote(os.path.abspath(uri))
 
 
-def serving_section(check: dict[str, Any] | None) -> str:
-    """The serving check's verdict and one row per check, or nothing when it did not run."""
-    if not check:
-        return ""
+def serving_section(check: ServingCheck) -> str:
+    """The serving check's verdict and one row per check."""
     esc = html.escape
-    verdict = "passed" if check["passed"] else f"FAILED, not published: {esc(check['reason'])}"
+    verdict = "passed" if check.passed else f"FAILED, not published: {esc(check.reason)}"
     rows = "".join(
-        f"<tr><td style='text-align:left'>{esc(c['name'])}</td><td>{'passed' if c['passed'] else 'FAILED'}</td>"
-        f"<td style='text-align:left'>{esc(c['detail'])}</td></tr>"
-        for c in check["checks"]
+        f"<tr><td style='text-align:left'>{esc(c.name)}</td><td>{'passed' if c.passed else 'FAILED'}</td>"
+        f"<td style='text-align:left'>{esc(c.detail)}</td></tr>"
+        for c in check.checks
     )
     return (
-        f"<h2>Serving check</h2><p>Serving check: <b>{verdict}</b>. {check['examples']} held-out images were sent "
+        f"<h2>Serving check</h2><p>Serving check: <b>{verdict}</b>. {check.examples} held-out images were sent "
         "as TF Serving REST instances to the SavedModel's <code>serving_default</code> signature, loaded the way "
-        f"TF Serving loads it in a fresh process ({check['seconds']}s).</p>"
+        f"TF Serving loads it in a fresh process ({check.seconds}s).</p>"
         f"<table><tr><th>check</th><th>result</th><th>detail</th></tr>{rows}</table>"
     )
 
 
-def tensorboard_section(history: dict[str, Any]) -> str:
+def tensorboard_section(history: History) -> str:
     """A link to the run's TensorBoard event files, or nothing when none were written."""
-    logdir = history.get("tensorboard")
+    logdir = history.tensorboard
     if not logdir:
         return ""
     esc = html.escape
@@ -65,46 +65,43 @@ def tensorboard_section(history: dict[str, Any]) -> str:
     )
 
 
-def render_html(metrics: dict[str, Any], history: dict[str, Any]) -> str:
-    """The report's HTML page: metrics, gate, serving check, TensorBoard link, curves, per-class table, matrix."""
+def render_html(verdict: Verdict, history: History) -> str:
+    """The report's HTML page: results, gate, serving check, TensorBoard link, curves, per-class table, matrix."""
     esc = html.escape
+    results = verdict.evaluation
     rows = "".join(
-        f"<tr><td>{esc(c['name'])}</td><td>{c['precision']:.4f}</td><td>{c['recall']:.4f}</td><td>{c['f1']:.4f}</td><td>{c['support']}</td></tr>"
-        for c in metrics["per_class"]
+        f"<tr><td>{esc(c['name'])}</td><td>{c['precision']:.4f}</td><td>{c['recall']:.4f}</td><td>{c['f1']:.4f}</td>"
+        f"<td>{c['support']}</td></tr>"
+        for c in results.per_class
     )
-    names = metrics["class_names"]
+    names = results.class_names
     head = "".join(f"<th>{esc(n)}</th>" for n in names)
     matrix = "".join(
         f"<tr><th>{esc(names[i])}</th>" + "".join(f"<td>{v}</td>" for v in row) + "</tr>"
-        for i, row in enumerate(metrics["confusion_matrix"])
+        for i, row in enumerate(results.confusion_matrix)
     )
-    last = history["epochs"][-1] if history["epochs"] else {}
-    threshold = metrics.get("min_accuracy")
-    passed = threshold is not None and metrics["accuracy"] >= threshold
+    last = history.epochs[-1] if history.epochs else {}
     gate = (
-        ""
-        if threshold is None
-        else f"Quality gate (min_accuracy {threshold:.4f}): <b>{'passed' if passed else 'FAILED, not published'}</b>."
+        f"Quality gate (min_accuracy {verdict.min_accuracy:.4f}): "
+        f"<b>{'passed' if verdict.passed_gate else 'FAILED, not published'}</b>."
     )
-    check = metrics.get("serving_check")
-    if check:
-        verdict = "passed" if check["passed"] else f"FAILED, not published ({esc(check['reason'])})"
-        gate += f" Serving check: <b>{verdict}</b>."
-    speed = sum(e["examples_per_second"] for e in history["epochs"][1:]) / max(1, len(history["epochs"]) - 1)
+    check = verdict.serving_check
+    gate += f" Serving check: <b>{'passed' if check.passed else f'FAILED, not published ({esc(check.reason)})'}</b>."
+    speed = sum(e["examples_per_second"] for e in history.epochs[1:]) / max(1, len(history.epochs) - 1)
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>Training report</title>
 <style>body{{font-family:sans-serif;margin:1.5em}}table{{border-collapse:collapse;margin:0.5em 0 1.5em}}
 td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}</style></head><body>
 <h1>Training report</h1>
-<p>Dataset <code>{esc(str(metrics.get("dataset")))}</code>, {metrics["num_examples"]} held-out examples.
-<b>Test accuracy {metrics["accuracy"]:.4f}</b>, loss {metrics["loss"]:.4f}.
+<p>Dataset <code>{esc(str(results.dataset))}</code>, {results.num_examples} held-out examples.
+<b>Test accuracy {results.accuracy:.4f}</b>, loss {results.loss:.4f}.
 {gate}</p>
-<p>{history["workers"]} worker(s), global batch {history["global_batch_size"]}, {len(history["epochs"])} epochs of
-{history["steps_per_epoch"]} steps; final training accuracy {last.get("accuracy", float("nan")):.4f};
+<p>{history.workers} worker(s), global batch {history.global_batch_size}, {len(history.epochs)} epochs of
+{history.steps_per_epoch} steps; final training accuracy {last.get("accuracy", float("nan")):.4f};
 {speed:.0f} examples/s after the first epoch.</p>
 {tensorboard_section(history)}
 {training_curves(history)}
-{serving_section(metrics.get("serving_check"))}
+{serving_section(check)}
 <h2>Per class</h2>
 <table><tr><th>class</th><th>precision</th><th>recall</th><th>F1</th><th>support</th></tr>{rows}</table>
 <h2>Confusion matrix (rows: true class, columns: predicted)</h2>
@@ -113,6 +110,6 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}</style></head><b
 """
 
 
-def write_html(path: str, metrics: dict[str, Any], history: dict[str, Any]) -> None:
+def write_html(path: str, verdict: Verdict, history: History) -> None:
     """Writes the report atomically."""
-    write_text(path, render_html(metrics, history))
+    write_text(path, render_html(verdict, history))

@@ -11,6 +11,7 @@ process. A model that fails any of it is not published; the result says which ch
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -33,6 +34,40 @@ SUM_TOLERANCE = 1e-3
 AGREEMENT_TOLERANCE = 1e-4
 NAME = "model"
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback only: no proxy from the env
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One check of the serving check: its name, whether it passed, and what was seen."""
+
+    name: str
+    passed: bool
+    detail: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingCheck:
+    """The serving check's result: whether every check passed, each check, how many images and how long.
+
+    Attributes:
+        passed: every check passed.
+        summary: "passed: ..." or "failed: <check>: <why>" (the evaluate step's output and the model's metadata).
+        reason: the first failed check and why; empty when passed.
+        checks: every check that ran, in order.
+        examples: held-out images sent.
+        seconds: wall time, loading included.
+    """
+
+    passed: bool
+    summary: str
+    reason: str
+    checks: tuple[Check, ...]
+    examples: int
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        """The result as plain JSON-ready values."""
+        return dataclasses.asdict(self)
 
 
 class CheckFailed(Exception):
@@ -155,7 +190,7 @@ def _check_predictions(predictions: Any, rows: int, classes: int) -> tuple[np.nd
     return probabilities, np.array([p["class_ids"] for p in predictions])
 
 
-def _verdicts(probabilities: np.ndarray, class_ids: np.ndarray, expected: np.ndarray) -> list[dict[str, Any]]:
+def _verdicts(probabilities: np.ndarray, class_ids: np.ndarray, expected: np.ndarray) -> list[Check]:
     rows = len(probabilities)
     finite = np.isfinite(probabilities).all(axis=1)
     sums = np.where(finite, probabilities.sum(axis=1), np.nan)
@@ -163,40 +198,38 @@ def _verdicts(probabilities: np.ndarray, class_ids: np.ndarray, expected: np.nda
     ok &= np.abs(sums - 1) <= SUM_TOLERANCE
     worst = int(np.argmin(ok)) if not ok.all() else None
     verdicts = [
-        {
-            "name": "probabilities sum to 1",
-            "passed": bool(ok.all()),
-            "detail": f"all {rows} rows finite, in [0, 1], summing to 1 within {SUM_TOLERANCE:g}"
+        Check(
+            "probabilities sum to 1",
+            bool(ok.all()),
+            f"all {rows} rows finite, in [0, 1], summing to 1 within {SUM_TOLERANCE:g}"
             if ok.all()
             else f"{rows - int(ok.sum())} of {rows} rows are not (non-finite: {rows - int(finite.sum())}); "
             f"e.g. row {worst} sums to {sums[worst]:.6g}",
-        }
+        )
     ]
     argmax = np.argmax(np.nan_to_num(probabilities, nan=-1.0), axis=1)
     same = int((argmax == class_ids).sum())
     verdicts.append(
-        {
-            "name": "class_ids are the argmax",
-            "passed": same == rows,
-            "detail": f"{same} of {rows} class_ids equal the argmax of their probabilities",
-        }
+        Check(
+            "class_ids are the argmax",
+            same == rows,
+            f"{same} of {rows} class_ids equal the argmax of their probabilities",
+        )
     )
     agree = int((class_ids == expected.argmax(axis=1)).sum())
     delta = float(np.nanmax(np.abs(probabilities - expected))) if finite.all() else float("nan")
     verdicts.append(
-        {
-            "name": "agrees with the evaluation",
-            "passed": agree == rows and delta <= AGREEMENT_TOLERANCE,
-            "detail": f"{agree} of {rows} predicted classes equal the evaluation's; "
+        Check(
+            "agrees with the evaluation",
+            agree == rows and delta <= AGREEMENT_TOLERANCE,
+            f"{agree} of {rows} predicted classes equal the evaluation's; "
             f"largest probability difference {delta:.3g} (allowed {AGREEMENT_TOLERANCE:g})",
-        }
+        )
     )
     return verdicts
 
 
-def run(
-    saved_model_dir: str, images: np.ndarray, expected: np.ndarray, timeout: float = LOAD_TIMEOUT
-) -> dict[str, Any]:
+def run(saved_model_dir: str, images: np.ndarray, expected: np.ndarray, timeout: float = LOAD_TIMEOUT) -> ServingCheck:
     """Serves the SavedModel in a fresh process, queries it with `images` and checks the answers.
 
     Args:
@@ -206,16 +239,15 @@ def run(
         timeout: seconds the fresh process may take to load the model.
 
     Returns:
-        `passed`, `summary` ("passed: ..." or "failed: <check>: <why>"), `reason` (empty when passed), one entry
-        per check in `checks` (name, passed, detail), `examples` and `seconds`.
+        The result, one `Check` per check that ran.
     """
     started = time.monotonic()
     rows, classes = len(images), int(expected.shape[1])
-    checks: list[dict[str, Any]] = []
+    checks: list[Check] = []
     server = None
     try:
         server = _Server(saved_model_dir, timeout)
-        checks.append({"name": "loads", "passed": True, "detail": f"in a fresh process in {server.load_seconds:.1f}s"})
+        checks.append(Check("loads", True, f"in a fresh process in {server.load_seconds:.1f}s"))
         code, status = server.request()
         states = [s.get("state") for s in status.get("model_version_status", [])] if code == 200 else []
         if states != ["AVAILABLE"]:
@@ -224,22 +256,22 @@ def run(
         if code != 200:
             raise CheckFailed("signature", f"metadata: HTTP {code}: {metadata.get('error', metadata)}")
         detail = _check_signature(metadata, tuple(images.shape[1:]), classes)
-        checks.append({"name": "signature", "passed": True, "detail": detail})
+        checks.append(Check("signature", True, detail))
         instances = (images[..., 0] if images.shape[-1] == 1 else images).tolist()
         code, answer = server.request(":predict", {"signature_name": "serving_default", "instances": instances})
         if code != 200:
             raise CheckFailed("response", f"HTTP {code}: {answer.get('error', answer)}")
         probabilities, class_ids = _check_predictions(answer.get("predictions"), rows, classes)
-        checks.append({"name": "response", "passed": True, "detail": f"{rows} predictions for {rows} instances"})
-        checks.append({"name": "shapes and dtypes", "passed": True, "detail": f"{classes} probabilities, 1 class id"})
+        checks.append(Check("response", True, f"{rows} predictions for {rows} instances"))
+        checks.append(Check("shapes and dtypes", True, f"{classes} probabilities, 1 class id"))
         checks += _verdicts(probabilities, class_ids, expected.astype(np.float64))
     except CheckFailed as failure:
-        checks.append({"name": failure.check, "passed": False, "detail": str(failure)})
+        checks.append(Check(failure.check, False, str(failure)))
     finally:
         if server is not None:
             server.stop()
-    failed = [c for c in checks if not c["passed"]]
-    reason = f"{failed[0]['name']}: {failed[0]['detail']}" if failed else ""
+    failed = [c for c in checks if not c.passed]
+    reason = f"{failed[0].name}: {failed[0].detail}" if failed else ""
     summary = (
         f"failed: {reason}"
         if failed
@@ -248,11 +280,4 @@ def run(
         f"{rows} agree with the evaluation"
     )
     log.info("serving check %s", summary)
-    return {
-        "passed": not failed,
-        "summary": summary,
-        "reason": reason,
-        "checks": checks,
-        "examples": rows,
-        "seconds": round(time.monotonic() - started, 1),
-    }
+    return ServingCheck(not failed, summary, reason, tuple(checks), rows, round(time.monotonic() - started, 1))

@@ -21,6 +21,7 @@ serves the newest published model. One publisher at a time per `publish_uri` (a 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -39,9 +40,60 @@ SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
 STAGING = ".staging-"
 
 
-def latest(publish_uri: str, s3_endpoint: str = "") -> dict[str, Any] | None:
+@dataclasses.dataclass(frozen=True)
+class Latest:
+    """latest.json (and each version's metrics.json): a published version, its metrics and its lineage."""
+
+    version: int
+    path: str
+    metrics: dict[str, Any]
+    lineage: dict[str, Any]
+
+    @property
+    def accuracy(self) -> float:
+        """The accuracy the version was published with."""
+        return float(self.metrics["accuracy"])
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as latest.json holds it."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Latest:
+        """The record from latest.json's content."""
+        return cls(int(data["version"]), str(data["path"]), dict(data["metrics"]), dict(data["lineage"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class Publication:
+    """What the publish step decided: whether it published, why, and which version latest.json names now.
+
+    Attributes:
+        published: a new version was published.
+        reason: why, or why not, in one sentence.
+        version: the new version's number; None when nothing was published.
+        path: the new version's location; empty when nothing was published.
+        previous: what latest.json named before; None when nothing was published there.
+    """
+
+    published: bool
+    reason: str
+    version: int | None = None
+    path: str = ""
+    previous: Latest | None = None
+
+    @property
+    def latest(self) -> tuple[int, str]:
+        """The version and path latest.json names after this step (0 and "" when nothing is published there)."""
+        if self.published:
+            return self.version or 0, self.path
+        return (self.previous.version, self.previous.path) if self.previous else (0, "")
+
+
+def latest(publish_uri: str, s3_endpoint: str = "") -> Latest | None:
     """The published `latest.json`, or None when nothing is published there yet."""
-    return Location(publish_uri, s3_endpoint).read_json(LATEST)
+    found = Location(publish_uri, s3_endpoint).read_json(LATEST)
+    return Latest.from_json(found) if found is not None else None
 
 
 def versions(target: Location) -> list[int]:
@@ -68,6 +120,14 @@ def _discard(target: Location, *names: str) -> None:
             log.warning("could not remove the unfinished %s: %s", target.uri_of(name), err)
 
 
+def check_target(publish_uri: str, s3_endpoint: str = "") -> None:
+    """Refuses a publish location (or endpoint) that can never work, before anything is read or written."""
+    if not publish_uri:
+        raise UsageError("publish_uri is empty; give a local path, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX")
+    settings.check("publish_uri", publish_uri)
+    settings.check("s3_endpoint", s3_endpoint)
+
+
 def publish(
     saved_model_dir: str,
     metrics: dict[str, Any],
@@ -87,44 +147,42 @@ def publish(
         refused: what to add when the store refuses a call (`trainer.storage.kfp.Store.refused`).
 
     Returns:
-        The decision: `published`, `reason`, `version`, `path` (when published) and `previous`.
+        The decision.
 
     Raises:
         UsageError: no publish location, a location that is not allowed, or no SavedModel to publish.
         StorageError: the storage refused a call (the line names bucket, key and permission).
     """
-    if not publish_uri:
-        raise UsageError("publish_uri is empty; give a local path, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX")
-    settings.check("publish_uri", publish_uri)
-    settings.check("s3_endpoint", s3_endpoint)
+    check_target(publish_uri, s3_endpoint)
     if not os.path.isfile(os.path.join(saved_model_dir, "saved_model.pb")):
         raise UsageError(f"model directory {saved_model_dir!r} holds no SavedModel")
     target = Location(publish_uri, s3_endpoint, refused)
-    previous = target.read_json(LATEST)
+    found = target.read_json(LATEST)
+    previous = Latest.from_json(found) if found is not None else None
     accuracy = float(metrics["accuracy"])
-    if previous is not None and accuracy < float(previous["metrics"]["accuracy"]):
+    if previous is not None and accuracy < previous.accuracy:
         reason = (
-            f"not published: accuracy {accuracy:.4f} is below the published version {previous['version']} "
-            f"({float(previous['metrics']['accuracy']):.4f})"
+            f"not published: accuracy {accuracy:.4f} is below the published version {previous.version} "
+            f"({previous.accuracy:.4f})"
         )
         log.info(reason)
-        return {"published": False, "reason": reason, "version": None, "previous": previous}
+        return Publication(False, reason, previous=previous)
     version = max([int(time.time()), *(v + 1 for v in versions(target))])
     staging = f"{STAGING}{version}-{uuid.uuid4().hex[:8]}"
-    record = {"version": version, "path": target.uri_of(str(version)), "metrics": metrics, "lineage": lineage}
+    record = Latest(version, target.uri_of(str(version)), dict(metrics), dict(lineage))
     try:
         target.upload(saved_model_dir, staging)
-        target.write_json(record, staging, METRICS)
+        target.write_json(record.to_json(), staging, METRICS)
         _promote(target, staging, str(version))
-        target.write_json(record, LATEST)
+        target.write_json(record.to_json(), LATEST)
     except BaseException:
         # The version number is new, so everything under it is this attempt's; latest.json is unchanged.
         _discard(target, staging, str(version))
         raise
     reason = f"published version {version} with accuracy {accuracy:.4f}" + (
-        f" (previous {float(previous['metrics']['accuracy']):.4f})" if previous else " (first version)"
+        f" (previous {previous.accuracy:.4f})" if previous else " (first version)"
     )
-    log.info("%s at %s", reason, record["path"])
+    log.info("%s at %s", reason, record.path)
     with contextlib.suppress(Exception):
         target.fs.invalidate_cache()
-    return {"published": True, "reason": reason, "version": version, "path": record["path"], "previous": previous}
+    return Publication(True, reason, version, record.path, previous)

@@ -21,8 +21,9 @@ from trainer.core.errors import PeerUnavailableError, UsageError
 from trainer.core.files import check_writable_parent
 from trainer.data.inputs import eval_dataset, train_dataset
 from trainer.data.tfrecords import load_metadata, verify_split
-from trainer.modeling.export import history_record, save_and_discard, save_model
+from trainer.modeling.export import save_and_discard, save_model
 from trainer.training.callbacks import EpochCheckpoints, TensorBoardScalars, ThroughputHistory, run_log_dir
+from trainer.training.history import History, of_run
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ def run(
     strategy: Any = None,
     on_formed: Callable[[], None] | None = None,
     resume_epoch: int | None = None,
-) -> dict[str, Any]:
+) -> History:
     """Trains on `config.runtime.data_dir` and, on the chief, writes the model to `config.runtime.model_dir`.
 
     Args:
@@ -163,7 +164,7 @@ def run(
             raise
         raise PeerUnavailableError(lost_peer_message(tf_config, err.message)) from None
 
-    history = history_record(config, meta, throughput.epochs, workers, global_batch, steps, learning_rate)
+    history = of_run(config, meta, throughput.epochs, workers, global_batch, steps, learning_rate)
     if chief:
         save_model(model, image_shape, runtime.model_dir, history)
     else:

@@ -28,9 +28,10 @@ from trainer.core.errors import ChiefFailedError, PeerUnavailableError, UsageErr
 from trainer.core.files import check_writable_parent
 from trainer.data.inputs import ps_dataset_creator
 from trainer.data.tfrecords import load_metadata, verify_split
-from trainer.modeling.export import history_record, save_model
+from trainer.modeling.export import save_model
 from trainer.storage.status import open_status
 from trainer.training.callbacks import TensorBoardScalars, ThroughputHistory, run_log_dir
+from trainer.training.history import History, of_run
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,7 @@ def run(
     datasets: Any = None,
     strategy: Any = None,
     on_formed: Callable[[], None] | None = None,
-) -> dict[str, Any]:
+) -> History:
     """The chief: coordinates training under ParameterServerStrategy and exports the model like the mirrored runner.
 
     Args:
@@ -210,10 +211,8 @@ def run(
             model.fit(datasets, epochs=config.optim.epochs, steps_per_epoch=steps, callbacks=callbacks, verbose=0)
         except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as err:
             raise PeerUnavailableError(lost_peer_message(tf_config, err.message, "a parameter server")) from None
-        history = history_record(
-            config, meta, throughput.epochs, workers, batch_size, steps, config.optim.learning_rate
-        )
-        history["parameter_servers"] = len(tf_config["cluster"]["ps"])
+        learning_rate, servers = config.optim.learning_rate, len(tf_config["cluster"]["ps"])
+        history = of_run(config, meta, throughput.epochs, workers, batch_size, steps, learning_rate, servers)
         save_model(model, image_shape, runtime.model_dir, history)
     return history
 

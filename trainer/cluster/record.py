@@ -1,0 +1,73 @@
+"""cluster.json: the run's cluster as the create-cluster step writes it and every training task reads it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from trainer.cluster.tf_config import validate_cluster
+from trainer.core.errors import UsageError
+from trainer.core.files import write_json
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterRecord:
+    """Every task's TF address, its supervisor's control address (shaped alike), and how they were given.
+
+    Attributes:
+        cluster: the cluster spec every task turns into its TF_CONFIG (`{"worker": [...]}`, or chief, worker, ps).
+        control: the supervisors' control addresses, shaped like `cluster` (empty: none, the tasks do not restart
+            together).
+        mode: `kubernetes` (one Service name per task) or `local` (free loopback ports).
+    """
+
+    cluster: dict[str, list[str]]
+    control: dict[str, list[str]]
+    mode: str
+
+    FILE: ClassVar[str] = "cluster.json"
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as cluster.json holds it (and the step's artifact metadata)."""
+        return {"cluster": self.cluster, "control": self.control, "mode": self.mode}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], where: str = FILE) -> ClusterRecord:
+        """The record from cluster.json's content, checked.
+
+        Raises:
+            UsageError: naming `where` and what is wrong.
+        """
+        if not isinstance(data, Mapping):
+            raise UsageError(f"cluster file {where!r} does not hold an object")
+        cluster = validate_cluster(data.get("cluster") or {})
+        control = validate_cluster(data.get("control") or {})
+        if {job: len(a) for job, a in control.items()} != {job: len(a) for job, a in cluster.items()}:
+            raise UsageError(f"cluster file {where!r}: its control addresses are not shaped like its cluster")
+        if data.get("mode") not in ("kubernetes", "local"):
+            raise UsageError(
+                f"cluster file {where!r}: mode {data.get('mode')!r} is not allowed; allowed: kubernetes, local"
+            )
+        return cls(cluster, control, data["mode"])
+
+    def write(self, directory: str) -> None:
+        """Writes cluster.json into `directory` (whole, or not at all)."""
+        write_json(os.path.join(directory, self.FILE), self.to_json())
+
+    @classmethod
+    def read(cls, directory: str) -> ClusterRecord:
+        """cluster.json in `directory`, checked.
+
+        Raises:
+            UsageError: the file cannot be read or is not a cluster record.
+        """
+        path = os.path.join(directory, cls.FILE)
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except (OSError, ValueError) as err:
+            raise UsageError(f"cluster file {path!r} cannot be read: {err}") from None
+        return cls.from_json(data, path)

@@ -1,0 +1,143 @@
+"""history.json: what a training run did, epoch by epoch, and what produced it (the lineage a published model carries).
+
+The chief writes it beside its model (`trainer.modeling.export`); evaluation, the report, publishing and the local
+runner read it, always through `History.read`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from trainer.core.errors import UsageError
+from trainer.core.files import exists, read_json, write_json
+
+
+@dataclasses.dataclass(frozen=True)
+class History:
+    """A training run's history.
+
+    Attributes:
+        epochs: one entry per epoch (`epoch`, `seconds`, `elapsed`, `examples_per_second`, `checkpoint_seconds` and
+            Keras' logs: `loss`, `accuracy`, with validation `val_loss`, `val_accuracy`), resumed epochs included.
+        workers: training workers (the chief included).
+        strategy: `multi_worker_mirrored` or `parameter_server`.
+        global_batch_size: examples per step over all workers.
+        steps_per_epoch: steps in one epoch.
+        learning_rate: the peak learning rate the optimizer used (after scaling by the worker count).
+        dataset: the prepared dataset's source (`sample`, `tfds:mnist`, ...).
+        class_names: the classes, in label order.
+        image_shape: height, width, channels.
+        run_id: the pipeline run's id.
+        tensorboard: where the run's TensorBoard event files are; empty: none.
+        parameters: the settings a user chose (`num_workers`, `epochs`, `batch_size`, `learning_rate`, `seed`).
+        parameter_servers: parameter servers (parameter-server strategy); 0 otherwise.
+    """
+
+    epochs: tuple[dict[str, Any], ...]
+    workers: int
+    strategy: str
+    global_batch_size: int
+    steps_per_epoch: int
+    learning_rate: float
+    dataset: str | None
+    class_names: tuple[str, ...]
+    image_shape: tuple[int, ...]
+    run_id: str
+    tensorboard: str
+    parameters: dict[str, Any]
+    parameter_servers: int = 0
+
+    FILE: ClassVar[str] = "history.json"
+
+    def to_json(self) -> dict[str, Any]:
+        """The history as history.json holds it."""
+        data = dataclasses.asdict(self)
+        data.update(epochs=list(self.epochs), class_names=list(self.class_names), image_shape=list(self.image_shape))
+        if not self.parameter_servers:
+            del data["parameter_servers"]
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], where: str = FILE) -> History:
+        """The history from history.json's content.
+
+        Raises:
+            UsageError: naming `where` and the fields it lacks.
+        """
+        fields = {f.name for f in dataclasses.fields(cls)}
+        required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
+        missing = sorted(required - set(data)) if isinstance(data, Mapping) else sorted(required)
+        if missing:
+            raise UsageError(f"{where!r} is not a training history: it lacks {', '.join(missing)}")
+        values = {k: v for k, v in data.items() if k in fields}
+        values.update(
+            epochs=tuple(data["epochs"]), class_names=tuple(data["class_names"]), image_shape=tuple(data["image_shape"])
+        )
+        return cls(**values)
+
+    @property
+    def lineage(self) -> dict[str, Any]:
+        """What a published model records of the run that trained it."""
+        return {"run_id": self.run_id, "dataset": self.dataset, "parameters": dict(self.parameters)}
+
+    def write(self, directory: str) -> None:
+        """Writes history.json into `directory` (whole, or not at all)."""
+        write_json(f"{directory.rstrip('/')}/{self.FILE}", self.to_json())
+
+    @classmethod
+    def read(cls, directory: str) -> History:
+        """history.json in a model directory.
+
+        Raises:
+            UsageError: the directory holds no history.json, or it is not a training history.
+        """
+        path = f"{directory.rstrip('/')}/{cls.FILE}"
+        if not exists(path):
+            raise UsageError(
+                f"model directory {directory!r} has no {cls.FILE}; allowed: a directory the trainer's chief wrote "
+                "(saved_model/, model.keras, history.json)"
+            )
+        try:
+            data = read_json(path)
+        except ValueError as err:
+            raise UsageError(f"{path!r} is not valid JSON: {err}") from None
+        return cls.from_json(data, path)
+
+
+def of_run(
+    config: Any,
+    meta: Mapping[str, Any],
+    epochs: list[dict[str, Any]],
+    workers: int,
+    global_batch: int,
+    steps: int,
+    learning_rate: float,
+    parameter_servers: int = 0,
+) -> History:
+    """The history of a run of `config` on the dataset `meta` describes."""
+    from trainer.training.callbacks import run_log_dir
+
+    runtime = config.runtime
+    return History(
+        epochs=tuple(epochs),
+        workers=workers,
+        strategy=config.cluster.strategy,
+        global_batch_size=global_batch,
+        steps_per_epoch=steps,
+        learning_rate=learning_rate,
+        dataset=meta.get("source"),
+        class_names=tuple(meta["class_names"]),
+        image_shape=tuple(meta["image_shape"]),
+        run_id=runtime.run_id,
+        tensorboard=run_log_dir(runtime.tensorboard_dir, runtime.run_id) if runtime.tensorboard_dir else "",
+        parameters={
+            "num_workers": workers,
+            "epochs": config.optim.epochs,
+            "batch_size": config.optim.batch_size,
+            "learning_rate": config.optim.learning_rate,
+            "seed": config.data.seed,
+        },
+        parameter_servers=parameter_servers,
+    )
