@@ -29,6 +29,7 @@ from trainer.core.files import write_text
 log = logging.getLogger("pipelines")
 
 IMAGE_ENV = "KFP_TF_IMAGE"
+STRATEGY_ENV = "KFP_TF_STRATEGY"
 TOKEN_FILE = "/var/run/secrets/kubeflow/pipelines/token"
 ACTIONS = {
     "compile": "write the pipeline YAML",
@@ -74,14 +75,22 @@ def check_image(image: str) -> str:
 
 
 def pipeline_from_env() -> Any:
-    """The mirrored pipeline in the image named by $KFP_TF_IMAGE (for `kfp dsl compile --py pipelines/mnist.py`)."""
+    """The pipeline `kfp dsl compile --py pipelines/mnist.py` compiles.
+
+    Its image is $KFP_TF_IMAGE (required), its strategy $KFP_TF_STRATEGY (default: the contract's).
+    """
     image = os.environ.get(IMAGE_ENV, "")
     if not image:
         raise SystemExit(
             f"error: ${IMAGE_ENV} is not set; set it to the image every step runs in, e.g. "
             f"{IMAGE_ENV}=registry.example.com/team/kfp-tf-multiworker:{__version__}"
         )
-    return create_pipeline(check_image(image), os.environ.get("KFP_TF_STRATEGY", "multi_worker_mirrored"))
+    strategy = os.environ.get(STRATEGY_ENV, settings.default("strategy"))
+    try:
+        settings.check("strategy", strategy)
+    except UsageError as err:
+        raise SystemExit(f"error: ${STRATEGY_ENV}: {err}") from None
+    return create_pipeline(check_image(image), strategy)
 
 
 def _action_parser() -> argparse.ArgumentParser:

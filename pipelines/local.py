@@ -6,7 +6,7 @@ from typing import Any
 
 from pipelines.factories import mirrored_pipeline
 from trainer.config import registry as settings
-from trainer.core.errors import UsageError
+from trainer.config.checks import Check, is_int, require
 from trainer.storage.publish import latest
 from trainer.training.history import History
 
@@ -15,14 +15,17 @@ LOCAL_IMAGE = "kfp-tf-multiworker:local"
 LOCAL_OVERRIDES = {"cluster_mode": "local", "startup_timeout": settings.default("startup_timeout"), "source": "sample"}
 
 
+LOCAL_WORKERS = Check(
+    lambda v: is_int(v) and 1 <= v <= LOCAL_MAX_WORKERS,
+    f"1 to {LOCAL_MAX_WORKERS} with --local. kfp.local runs at most 2 ParallelFor iterations at once and every "
+    "MultiWorkerMirroredStrategy worker must run at the same time, so more workers would wait for each other forever; "
+    "use trainer-launch or a cluster",
+)
+
+
 def check_workers(num_workers: int) -> None:
     """Refuses worker counts that kfp.local cannot run at once (it runs at most 2 loop iterations concurrently)."""
-    if not 1 <= num_workers <= LOCAL_MAX_WORKERS:
-        raise UsageError(
-            f"--num-workers {num_workers} is not allowed with --local; allowed: 1 to {LOCAL_MAX_WORKERS}. kfp.local "
-            "runs at most 2 ParallelFor iterations at once and every MultiWorkerMirroredStrategy worker must run at "
-            "the same time, so more workers would wait for each other forever; use trainer-launch or a cluster"
-        )
+    require("--num-workers", num_workers, LOCAL_WORKERS)
 
 
 def run_local(output_dir: str, **arguments: Any) -> dict[str, Any]:

@@ -8,8 +8,7 @@ import os
 import time
 from typing import Any
 
-from pipelines.deploy import (
-    DeployError,
+from pipelines.kfp_client import (
     check_cron,
     experiment_id,
     make_client,
@@ -100,16 +99,13 @@ def to_server(args: Any, action: str, package: str, token_file: str) -> int:
 
     Raises:
         UsageError: bad input, found before anything is sent.
-        DeployError: the server refused or could not be reached (exit 1).
+        ServerError: the server refused or could not be reached (exit 1).
     """
     if not args.host:
         raise UsageError("no KFP host: pass --host URL or set KF_PIPELINES_ENDPOINT")
-    try:
-        cron = check_cron(args.schedule) if action == "schedule" else None
-        interval = parse_duration(args.every) if action == "every" else None
-        params = typed_params(getattr(args, "param", []), pipeline_parameters(package))
-    except DeployError as err:
-        raise UsageError(str(err)) from None
+    cron = check_cron(args.schedule) if action == "schedule" else None
+    interval = parse_duration(args.every) if action == "every" else None
+    params = typed_params(getattr(args, "param", []), pipeline_parameters(package))
     for key, value in params.items():
         settings.check(key, value)
     if getattr(args, "max_concurrency", 1) < 1:

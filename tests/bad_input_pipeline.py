@@ -102,7 +102,7 @@ PIPELINE_CASES = {
     ),
     "local run with three workers": lambda b, s: (
         *_pipeline("--local", "--num-workers", "3", "--output-dir", str(b / "out" / "run1"), out="run1"),
-        "--num-workers 3 is not allowed with --local; allowed: 1 to 2",
+        "--num-workers 3 is not allowed; allowed: 1 to 2 with --local",
     ),
     "local run gate above 1": lambda b, s: (
         *_pipeline("--local", "--min-accuracy", "1.5", "--output-dir", str(b / "out" / "run2"), out="run2"),

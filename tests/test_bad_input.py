@@ -205,6 +205,14 @@ CASES = {
         "has no t10k-labels-idx1-ubyte.gz",
     ),
     "IDX directory missing": lambda b, s: (*_prepare(b, f"idx:{b / 'nowhere'}"), "does not exist"),
+    "class names with an empty one": lambda b, s: (
+        *_prepare(b, "sample", "--class-names", "zero,,two"),
+        "class_names 'zero,,two' is not allowed; allowed: empty, or comma-separated class names, none empty and no two",
+    ),
+    "class names with a duplicate": lambda b, s: (
+        *_prepare(b, "sample", "--class-names", "a, b,a"),
+        "class_names 'a, b,a' is not allowed; allowed: empty, or comma-separated class names, none empty and no two",
+    ),
     "IDX file truncated": lambda b, s: (
         *_prepare(b, f"idx:{b / 'idx-truncated'}"),
         "train-labels-idx1-ubyte.gz' is not a complete gzip file",
@@ -249,13 +257,13 @@ CASES = {
         launch.main,
         ["--workers", "0", "--", "--data", s],
         None,
-        "workers 0 is not allowed; allowed: 1 to 16",
+        "workers 0 is not allowed; allowed: an integer from 1 to 16",
     ),
     "workers above maximum": lambda b, s: (
         launch.main,
         ["--workers", "17"],
         None,
-        "workers 17 is not allowed; allowed: 1 to 16",
+        "workers 17 is not allowed; allowed: an integer from 1 to 16",
     ),
     "launcher restarts negative": lambda b, s: (
         launch.main,

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from trainer.cluster.tf_config import build_tf_config, is_chief, make_cluster, parse_tf_config, peer_addresses
+from trainer.cluster.tf_config import build_tf_config, is_chief, make_cluster, parse_tf_config, peers
 from trainer.core.errors import UsageError
 
 WORKERS = ["w0.ns.svc:2222", "w1.ns.svc:2222", "w2.ns.svc:2222"]
@@ -66,7 +66,8 @@ def test_chief_rule():
 def test_parse_round_trip_and_peers():
     tf_config = build_tf_config(WORKERS, "worker", 2)
     assert parse_tf_config(json.dumps(tf_config)) == tf_config
-    assert peer_addresses(tf_config) == ["w0.ns.svc:2222", "w1.ns.svc:2222"]
+    assert [task.address for task in peers(tf_config)] == ["w0.ns.svc:2222", "w1.ns.svc:2222"]
+    assert [task.name for task in peers(tf_config)] == ["worker 0", "worker 1"]
 
 
 @pytest.mark.parametrize(
@@ -92,3 +93,19 @@ def test_addresses_are_assigned_chief_workers_ps_and_read_back_in_that_order():
     spec = assign_addresses(addresses, 2, 1)
     assert spec == {"chief": ["h0:1"], "worker": ["h1:1", "h2:1"], "ps": ["h3:1"]}
     assert task_order(spec) == addresses
+
+
+def test_control_addresses_are_the_next_ports_unless_trainer_control_names_them():
+    from trainer.cluster.control import addresses
+
+    tf_config = build_tf_config(["h0:2222", "h1:2222"], "worker", 1)
+    assert addresses(tf_config, "") == {"worker": ["h0:2223", "h1:2223"]}, "as in the pipeline's Kubernetes mode"
+    named = json.dumps({"worker": ["h0:7000", "h1:7000"]})
+    assert addresses(tf_config, named) == {"worker": ["h0:7000", "h1:7000"]}
+    adjacent = build_tf_config(["localhost:2222", "localhost:2223"], "worker", 0)
+    with pytest.raises(UsageError, match=r"control address localhost:2223 \(a task's TF port \+ 1\) is another task's"):
+        addresses(adjacent, "")
+    with pytest.raises(UsageError, match=r"TRAINER_CONTROL '.*' does not have the shape of the TF_CONFIG cluster"):
+        addresses(tf_config, json.dumps({"worker": ["h0:7000"]}))
+    with pytest.raises(UsageError, match="TRAINER_CONTROL is not valid JSON"):
+        addresses(tf_config, "{worker")

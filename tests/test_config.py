@@ -65,6 +65,32 @@ def test_ints_are_accepted_where_numbers_are_declared():
     assert config.TrainConfig(config.RuntimeConfig("d", "m")).replace(epochs=3, seed=7).optim.epochs == 3
 
 
+def test_a_training_config_takes_its_own_settings_by_name_and_refuses_the_others():
+    built = config.TrainConfig.from_settings(data_dir="d", model_dir="m", epochs=3, storage="kfp", port=2300)
+    assert (built.optim.epochs, built.storage.storage, built.cluster.port, built.runtime.data_dir) == (
+        3,
+        "kfp",
+        2300,
+        "d",
+    )
+    assert built.replace(s3_endpoint="http://s3:9000").storage.s3_endpoint == "http://s3:9000"
+    for name in ("min_accuracy", "serving_name", "no_such_setting"):
+        message = rf"^'{name}' is not a setting of a training task; allowed: the settings of the groups runtime, data"
+        with pytest.raises(UsageError, match=message):
+            built.replace(**{name: 1})
+        with pytest.raises(UsageError, match=message):
+            config.TrainConfig.from_settings(data_dir="d", model_dir="m", **{name: 1})
+    with pytest.raises(UsageError, match="^a training task needs model_dir$"):
+        config.TrainConfig.from_settings(data_dir="d")
+
+
+def test_the_training_step_refuses_a_setting_it_would_not_use(tmp_path):
+    from trainer import steps
+
+    with pytest.raises(UsageError, match="'min_accuracy' is not a setting of a training task"):
+        steps.train_task(str(tmp_path), str(tmp_path), "worker", 0, str(tmp_path / "m"), "run-1", min_accuracy=0.9)
+
+
 @pytest.fixture(scope="module", params=list(FACTORIES))
 def compiled(request, tmp_path_factory):
     path = tmp_path_factory.mktemp("contract") / "p.yaml"

@@ -163,8 +163,8 @@ def test_service_bodies_validate_against_kubernetes_schemas():
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: k8s.task_addresses(RUN_ID, 0, "ns"), "num_workers 0 is not allowed; allowed: 1 to 64"),
-        (lambda: k8s.task_addresses(RUN_ID, 65, "ns"), "num_workers 65 is not allowed"),
+        (lambda: k8s.task_addresses(RUN_ID, 0, "ns"), "tasks 0 is not allowed; allowed: an integer from 1 to 64"),
+        (lambda: k8s.task_addresses(RUN_ID, 65, "ns"), "tasks 65 is not allowed"),
         (
             lambda: k8s.task_addresses(RUN_ID, 2, "ns", 65535),
             "port 65535 is not allowed; allowed: an integer from 1 to 65534",

@@ -197,3 +197,26 @@ def test_parameter_server_needs_chief_ps_and_workers(sample_data, tmp_path, caps
         "parameter_server strategy needs a TF_CONFIG with one chief, at least one ps and at least one worker"
         in capsys.readouterr().err
     )
+
+
+def test_validation_under_the_parameter_server_strategy_is_refused_before_anything_starts(
+    sample_data, tmp_path, capsys
+):
+    from trainer import train
+
+    spec = make_cluster(["localhost:2", "localhost:3"], chief="localhost:1", ps=["localhost:4"])
+    for job in ("chief", "ps", "worker"):
+        code = train.main(
+            [
+                *trainer_args(sample_data, tmp_path / "m"),
+                "--strategy",
+                "parameter_server",
+                "--validate",
+                "--tf-config",
+                json.dumps(build_tf_config(spec, job, 0)),
+            ]
+        )
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("error:") == 1, err
+        assert "validate true is not allowed with the parameter_server strategy" in err
+    assert not (tmp_path / "m").exists()

@@ -263,6 +263,18 @@ def test_kfp_cli_compiles_the_file_with_the_image_from_the_environment(tmp_path)
     compiled = _load(tmp_path / "k.yaml")
     assert compiled["pipelineInfo"]["name"] == "mnist-multiworker"
     assert {e["container"]["image"] for e in compiled["deploymentSpec"]["executors"].values()} == {IMAGE}
+    for strategy, name in (("parameter_server", "mnist-parameter-server"), ("ring", None)):
+        env = dict(os.environ, KFP_TF_IMAGE=IMAGE, KFP_TF_STRATEGY=strategy)
+        (tmp_path / "k.yaml").unlink(missing_ok=True)
+        chosen = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+        if name:
+            assert chosen.returncode == 0 and _load(tmp_path / "k.yaml")["pipelineInfo"]["name"] == name
+        else:
+            assert chosen.returncode != 0 and not (tmp_path / "k.yaml").exists()
+            assert (
+                "error: $KFP_TF_STRATEGY: strategy 'ring' is not allowed; allowed: multi_worker_mirrored, "
+                "parameter_server" in chosen.stderr
+            )
 
 
 def test_an_image_without_a_registry_is_taken_with_a_warning(tmp_path, capsys):

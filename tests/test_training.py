@@ -91,7 +91,7 @@ def test_launcher_refuses_bad_worker_counts():
     for count in ("0", "-1", "17"):
         result = run_module("trainer.launch", "--workers", count, "--", "--data", "x", "--model-dir", "y")
         assert result.returncode == 2
-        assert f"workers {count} is not allowed; allowed: 1 to 16" in result.stderr
+        assert f"workers {count} is not allowed; allowed: an integer from 1 to 16" in result.stderr
 
 
 def test_free_ports_are_distinct_and_bindable():

@@ -17,10 +17,10 @@ import logging
 import signal
 import sys
 
-from trainer.cli import setup_logging
+from trainer.cli import run_cli
 from trainer.cluster import local
 from trainer.config.flags import Parser
-from trainer.core.errors import EXIT_BAD_INPUT, UsageError
+from trainer.core.errors import UsageError
 
 log = logging.getLogger(__name__)
 
@@ -56,22 +56,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """trainer-launch: runs N local workers and supervises them; returns the exit code."""
+    """trainer-launch: runs N local workers and supervises them; returns the exit code (the contract's, `cli`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     own, rest = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
-    setup_logging("launch ")
-    try:
-        args = build_parser().parse_args(own)
-        if args.max_restarts < 0:
-            raise UsageError(f"max restarts {args.max_restarts} is not allowed; allowed: 0 or more")
-        if not 0 <= args.grace <= 3600:
-            raise UsageError(f"grace {args.grace!r} is not allowed; allowed: 0 to 3600 seconds")
-        if args.ps < 0:
-            raise UsageError(f"ps {args.ps} is not allowed; allowed: 0 (mirrored) or 1 to {local.MAX_LOCAL_WORKERS}")
-        cluster, control = local.local_topology(args.workers, args.ps)
-    except UsageError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    return run_cli(lambda: _launch(build_parser().parse_args(own), rest), prefix="launch ")
+
+
+def _launch(args: argparse.Namespace, rest: list[str]) -> int:
+    if args.max_restarts < 0:
+        raise UsageError(f"max restarts {args.max_restarts} is not allowed; allowed: 0 or more")
+    if not 0 <= args.grace <= 3600:
+        raise UsageError(f"grace {args.grace!r} is not allowed; allowed: 0 to 3600 seconds")
+    cluster, control = local.local_topology(args.workers, args.ps)
     if args.ps and "--strategy" not in rest:
         rest = [*rest, "--strategy", "parameter_server"]
     if args.max_restarts:

@@ -19,12 +19,14 @@ from collections.abc import Sequence
 from typing import IO
 
 from trainer.cluster.control import ADDRESSES_ENV
-from trainer.cluster.tf_config import assign_addresses, build_tf_config
+from trainer.cluster.tf_config import assign_addresses, build_tf_config, tasks
+from trainer.config.checks import Check, int_between, is_int, require
 from trainer.core.errors import UsageError
 
 log = logging.getLogger(__name__)
 
 MAX_LOCAL_WORKERS = 16
+LOCAL_PS = f"0 (mirrored) or 1 to {MAX_LOCAL_WORKERS}"
 
 
 _UNCAUGHT = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
@@ -44,24 +46,18 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
-def local_cluster(workers: int) -> list[str]:
-    """`workers` loopback addresses on free ports."""
-    if not 1 <= workers <= MAX_LOCAL_WORKERS:
-        raise UsageError(f"workers {workers} is not allowed; allowed: 1 to {MAX_LOCAL_WORKERS}")
-    return [f"localhost:{port}" for port in free_ports(workers)]
-
-
 def local_topology(workers: int, ps: int) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
     """Loopback addresses for the TF servers and for the supervisors' control channels.
 
     Both are shaped alike: `{"worker": [...]}`, or with parameter servers `{"chief", "worker", "ps"}`.
     """
-    if ps and not 1 <= ps <= MAX_LOCAL_WORKERS:
-        raise UsageError(f"ps {ps} is not allowed; allowed: 0 (mirrored) or 1 to {MAX_LOCAL_WORKERS}")
+    require("workers", workers, int_between(1, MAX_LOCAL_WORKERS))
+    require("ps", ps, Check(lambda v: is_int(v) and 0 <= v <= MAX_LOCAL_WORKERS, LOCAL_PS))
     total = workers + ps + 1 if ps else workers
-    if not 1 <= workers <= MAX_LOCAL_WORKERS or total > MAX_LOCAL_WORKERS:
-        what = f"chief + {ps} ps + {workers} workers" if ps else f"workers {workers}"
-        raise UsageError(f"{what} is not allowed; allowed: 1 to {MAX_LOCAL_WORKERS} processes")
+    if total > MAX_LOCAL_WORKERS:
+        raise UsageError(
+            f"chief + {ps} ps + {workers} workers is not allowed; allowed: 1 to {MAX_LOCAL_WORKERS} processes"
+        )
     addresses = [f"localhost:{port}" for port in free_ports(2 * total)]
     return assign_addresses(addresses[:total], workers, ps), assign_addresses(addresses[total:], workers, ps)
 
@@ -97,8 +93,8 @@ class WorkerGroup:
         self.command = list(command)
         self.cluster = cluster
         self.control = control
-        self.tasks = [(job, index) for job, addresses in cluster.items() for index in range(len(addresses))]
-        self.labels = [f"{job} {index}" for job, index in self.tasks]
+        self.tasks = [(task.job, task.index) for task in tasks(cluster)]
+        self.labels = [task.name for task in tasks(cluster)]
         self.tolerate = set(tolerate)
         self.grace = grace
         self.env = dict(os.environ if env is None else env)

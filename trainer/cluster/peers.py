@@ -6,7 +6,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trainer.cluster.tf_config import own_address, split_address
+from trainer.cluster.tf_config import Task, peers, split_address
 
 
 def probe(address: str, timeout: float = 1.0) -> str | None:
@@ -23,29 +23,18 @@ def probe(address: str, timeout: float = 1.0) -> str | None:
     return None
 
 
-def describe_peers(tf_config: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """`(task name, address)` for every task but this one, e.g. `("worker 1", "localhost:2223")`."""
-    own = own_address(tf_config)
-    return [
-        (f"{job} {index}", address)
-        for job, addresses in tf_config["cluster"].items()
-        for index, address in enumerate(addresses)
-        if address != own
-    ]
-
-
-def unreachable(peers: Sequence[tuple[str, str]]) -> list[str]:
-    """`"worker 1 at host:port (reason)"` for every peer that does not accept a connection now."""
+def unreachable(tasks: Sequence[Task]) -> list[str]:
+    """`"worker 1 at host:port (reason)"` for every task that does not accept a connection now."""
     found = []
-    for name, address in peers:
-        reason = probe(address)
+    for task in tasks:
+        reason = probe(task.address)
         if reason is not None:
-            found.append(f"{name} at {address} ({reason})")
+            found.append(f"{task.name} at {task.address} ({reason})")
     return found
 
 
 def lost_peer_message(tf_config: Mapping[str, Any] | None, detail: str, what: str = "a peer") -> str:
     """One line naming the peers that no longer answer (probed now), with the first line of TensorFlow's error."""
-    gone = unreachable(describe_peers(tf_config)) if tf_config else []
+    gone = unreachable(peers(tf_config)) if tf_config else []
     who = "; ".join(gone) if gone else "no peer is unreachable now"
     return f"lost contact with {what} during training ({who}): {detail.strip().splitlines()[0][:300]}"

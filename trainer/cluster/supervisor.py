@@ -32,8 +32,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trainer.cluster.control import PEER_POLL_SECONDS, Control
-from trainer.cluster.peers import describe_peers, unreachable
+from trainer.cluster.peers import unreachable
 from trainer.cluster.resume import CheckpointHome, agree
+from trainer.cluster.tf_config import peers as peers_of
 from trainer.cluster.tf_config import split_address
 from trainer.core.errors import (
     EXIT_PEER_UNAVAILABLE,
@@ -255,13 +256,15 @@ class Supervisor:
                     return EXIT_PEER_UNAVAILABLE
 
     def _startup_timeout(self) -> None:
-        peers = describe_peers(self.tf_config) if self.tf_config else []
+        peers = peers_of(self.tf_config) if self.tf_config else []
         missing = unreachable(peers)
         if missing:
             detail = "unreachable: " + "; ".join(missing)
         else:
             detail = (
-                "every peer accepts connections but the cluster did not form (" + ", ".join(a for _, a in peers) + ")"
+                "every peer accepts connections but the cluster did not form ("
+                + ", ".join(task.address for task in peers)
+                + ")"
             )
         print(
             f"error: {self.name}: cluster start-up did not finish within {self.startup_timeout:g}s; {detail}",

@@ -11,7 +11,7 @@ import ipaddress
 import json
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from trainer.core.errors import UsageError
 
@@ -70,9 +70,37 @@ def assign_addresses(addresses: Sequence[str], num_workers: int, num_ps: int = 0
     }
 
 
+class Task(NamedTuple):
+    """One task of a cluster: its job, its index in the job, its address; `name` as logs say it (`worker 1`)."""
+
+    job: str
+    index: int
+    address: str
+
+    @property
+    def name(self) -> str:
+        """The task as log lines and errors name it."""
+        return f"{self.job} {self.index}"
+
+
+def tasks(cluster: Mapping[str, Sequence[str]]) -> list[Task]:
+    """Every task of a cluster in chief, worker, ps, evaluator order.
+
+    The order `assign_addresses` reads addresses in, the order of a run's Services, and the order local processes
+    start in.
+    """
+    return [Task(job, i, address) for job in TASK_TYPES for i, address in enumerate(cluster.get(job, []))]
+
+
 def task_order(cluster: Mapping[str, Sequence[str]]) -> list[str]:
-    """Every address in chief, worker, ps order: the order `assign_addresses` reads them in."""
-    return [*cluster.get("chief", []), *cluster.get("worker", []), *cluster.get("ps", [])]
+    """Every address in `tasks` order."""
+    return [task.address for task in tasks(cluster)]
+
+
+def peers(tf_config: Mapping[str, Any]) -> list[Task]:
+    """Every task but this one, in `tasks` order."""
+    own = own_address(tf_config)
+    return [task for task in tasks(tf_config["cluster"]) if task.address != own]
 
 
 def validate_cluster(cluster: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
@@ -164,12 +192,6 @@ def own_address(tf_config: Mapping[str, Any]) -> str:
     """This task's own address in its TF_CONFIG."""
     task = tf_config["task"]
     return tf_config["cluster"][task["type"]][task["index"]]
-
-
-def peer_addresses(tf_config: Mapping[str, Any]) -> list[str]:
-    """Every address in the cluster except this task's own, in job order."""
-    own = own_address(tf_config)
-    return [a for job in tf_config["cluster"].values() for a in job if a != own]
 
 
 def num_workers(tf_config: Mapping[str, Any] | None) -> int:

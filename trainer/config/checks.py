@@ -98,6 +98,20 @@ def location(*schemes: str, what: str = "a local or volume path") -> Check:
     return Check(ok, ", ".join([f"empty, {what}", *(f"{s}://BUCKET/PREFIX" for s in schemes)]))
 
 
+def comma_list(what: str = "names") -> Check:
+    """Allows "" or comma-separated items, none empty and no two alike (spaces around an item do not count)."""
+
+    def ok(value: Any) -> bool:
+        if not isinstance(value, str):
+            return False
+        if not value.strip():
+            return True
+        items = [item.strip() for item in value.split(",")]
+        return all(items) and len(set(items)) == len(items)
+
+    return Check(ok, f"empty, or comma-separated {what}, none empty and no two alike")
+
+
 def is_source(value: Any) -> bool:
     """Whether `value` is one of the data source forms (`SOURCE_FORMS`)."""
     if not isinstance(value, str):
@@ -128,9 +142,17 @@ def checked(declaration: dataclasses.Field, value: Any) -> Any:
     """
     if declaration.type in ("float", float) and is_int(value):
         value = float(value)
-    check: Check = declaration.metadata["check"]
+    return require(declaration.name, value, declaration.metadata["check"])
+
+
+def require(name: str, value: Any, check: Check) -> Any:
+    """`value` if `check` allows it; every refusal of a value, a setting's or not, is worded here.
+
+    Raises:
+        UsageError: `"<name> <value> is not allowed; allowed: <what>"`.
+    """
     if not check.ok(value):
-        raise UsageError(f"{declaration.name} {value!r} is not allowed; allowed: {check.allowed}")
+        raise UsageError(f"{name} {value!r} is not allowed; allowed: {check.allowed}")
     return value
 
 

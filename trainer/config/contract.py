@@ -19,6 +19,7 @@ from trainer.config.checks import (
     Check,
     Checked,
     at_least,
+    comma_list,
     dns_subdomain_or_empty,
     image_tag,
     int_between,
@@ -57,7 +58,9 @@ class DataConfig(Checked):
         "TFRecord shards of the training split; a multiple of the worker count lets each worker read whole files",
         check=int_between(1, 1024),
     )
-    class_names: str = setting("", "comma-separated class names for IDX data; empty: 0, 1, ...", check=text())
+    class_names: str = setting(
+        "", "comma-separated class names for IDX data; empty: 0, 1, ...", check=comma_list("class names")
+    )
     tfds_data_dir: str = setting(
         "", "TFDS data_dir holding (or to receive) prepared TFDS datasets; empty: TFDS's own", check=text()
     )
@@ -80,7 +83,9 @@ class OptimConfig(Checked):
     )
     learning_rate: float = setting(
         0.002,
-        "peak Adam learning rate for one worker, scaled by sqrt(workers), cosine-decayed to 5% over the run",
+        "peak Adam learning rate for one worker, cosine-decayed to 5% over the run; multi_worker_mirrored scales "
+        "it by sqrt(workers) (its global batch grows with them), parameter_server does not (a step is one "
+        "worker's batch)",
         check=number_between(1e-9, 10),
     )
     steps_per_epoch: int = setting(0, "steps per epoch; 0: training examples // global batch", check=at_least(0))
@@ -91,7 +96,10 @@ class OptimConfig(Checked):
         check=int_between(1, 10_000),
     )
     validate: bool = setting(
-        False, "evaluate on the test split after every epoch (val_loss, val_accuracy in the history)", check=FLAG
+        False,
+        "evaluate on the test split after every epoch (val_loss, val_accuracy in the history); "
+        "multi_worker_mirrored only",
+        check=FLAG,
     )
 
 

@@ -82,25 +82,39 @@ def remove_tree(path: str) -> None:
             gfile.rmtree(path)
 
 
-def write_text(path: str, text: str) -> None:
-    """Writes `text` to `path` through a temporary sibling and a rename."""
+def write_bytes(path: str, data: bytes) -> None:
+    """Writes `data` to `path` through a temporary sibling and a rename: a reader sees all of it or none.
+
+    Every file written whole goes through here (texts, JSON documents, IDX files, `trainer.storage.locations` on a
+    path); a bucket has no rename and takes one PUT instead.
+    """
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
     if is_local(path):
         check_writable_parent(path)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(tmp, "w") as f:
-            f.write(text)
+        with open(tmp, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     else:
         gfile = _gfile()
-        with gfile.GFile(tmp, "w") as f:
-            f.write(text)
+        with gfile.GFile(tmp, "wb") as f:
+            f.write(data)
         gfile.rename(tmp, path, overwrite=True)
 
 
+def write_text(path: str, text: str) -> None:
+    """Writes `text` (UTF-8) to `path` whole (`write_bytes`)."""
+    write_bytes(path, text.encode())
+
+
+def json_bytes(data: Any) -> bytes:
+    """A JSON document as every file of the project holds one: indented, keys sorted, a final newline."""
+    return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
+
+
 def write_json(path: str, data: Any) -> None:
-    """Writes JSON to `path` atomically."""
-    write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+    """Writes JSON to `path` whole (`write_bytes`)."""
+    write_bytes(path, json_bytes(data))
 
 
 def read_json(path: str) -> Any:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from trainer.core.errors import UsageError
+from trainer.core.files import write_bytes
 
 UBYTE = 0x08
 SPLIT_FILES = {
@@ -123,11 +124,4 @@ def write_gz(path: str, array: np.ndarray) -> None:
     buffer = io.BytesIO()
     with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0, filename="") as gz:
         gz.write(encode_idx(array))
-    _write_atomic(path, buffer.getvalue())
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    write_bytes(path, buffer.getvalue())

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from trainer.cluster import tf_config
 from trainer.cluster.tf_config import split_address
 from trainer.core.errors import StartupTimeoutError
 from trainer.k8s import objects as k8s
@@ -22,11 +23,6 @@ from trainer.k8s import objects as k8s
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 1.0
-
-
-def tasks_in_order(spec: dict[str, list[str]]) -> list[tuple[str, str]]:
-    """`(task name, address)` in chief, worker, ps order: the order of the run's Services."""
-    return [(f"{job} {i}", address) for job in ("chief", "worker", "ps") for i, address in enumerate(spec.get(job, []))]
 
 
 def own_ip() -> str:
@@ -65,7 +61,7 @@ def join_cluster(
     """
     api = api or k8s.core_api()
     namespace, pod = k8s.namespace(), k8s.pod_name()
-    tasks = tasks_in_order(spec)
+    tasks = [(task.name, task.address) for task in tf_config.tasks(spec)]
     position = [address for _, address in tasks].index(spec[job][index])
     port = split_address(spec[job][index])[1]
     k8s.ensure_service(api, namespace, run_id, position, port, k8s.workflow_owner(api, namespace, pod))

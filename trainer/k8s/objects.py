@@ -17,6 +17,8 @@ import re
 import socket
 from typing import Any
 
+from trainer.config import registry as settings
+from trainer.config.checks import int_between, require
 from trainer.config.contract import MAX_WORKERS
 from trainer.core.errors import KubernetesError, UsageError
 
@@ -48,24 +50,9 @@ def service_name(run_id: str, index: int) -> str:
 
 def task_addresses(run_id: str, tasks: int, namespace: str, port: int = DEFAULT_PORT) -> list[str]:
     """The TF_CONFIG addresses of the run's tasks: each Service's in-cluster DNS name and the gRPC port."""
-    check_workers(tasks)
-    check_port(port)
+    require("tasks", tasks, int_between(1, MAX_WORKERS))
+    settings.check("port", port)
     return [f"{service_name(run_id, i)}.{namespace}.svc:{port}" for i in range(tasks)]
-
-
-def check_workers(num_workers: int) -> None:
-    """Refuses a task count outside 1 to MAX_WORKERS."""
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or not 1 <= num_workers <= MAX_WORKERS:
-        raise UsageError(f"num_workers {num_workers!r} is not allowed; allowed: 1 to {MAX_WORKERS}")
-
-
-def check_port(port: int) -> None:
-    """Refuses a port outside 1 to 65534."""
-    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65534:
-        raise UsageError(
-            f"port {port!r} is not allowed; allowed: an integer from 1 to 65534 (the next port is the "
-            "supervisor's control port)"
-        )
 
 
 def namespace() -> str:
@@ -117,7 +104,7 @@ def service_manifest(
     run_id: str, index: int, port: int = DEFAULT_PORT, owner: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """The headless Service for one task, as a Kubernetes manifest dict (owned by `owner` when given)."""
-    check_port(port)
+    settings.check("port", port)
     metadata: dict[str, Any] = {
         "name": service_name(run_id, index),
         "labels": {**run_labels(run_id), INDEX_LABEL: str(index)},

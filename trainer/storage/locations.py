@@ -13,11 +13,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 from trainer.core.errors import ServiceError, UsageError
+from trainer.core.files import json_bytes, write_json
 
 # What each kind of call needs, per scheme, in the words of the provider's policies.
 PERMISSIONS = {
@@ -153,15 +153,12 @@ class Location:
 
     def write_json(self, data: Any, *parts: str) -> None:
         """Replaces the document at `parts` whole: one PUT on object storage, write-then-rename on a path."""
-        payload = (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
         key = self.path(*parts)
         with self.call("write", key):
             if self.is_object_store:
-                self.fs.pipe_file(key, payload)
-                return
-            tmp = f"{key}.tmp-{uuid.uuid4().hex[:8]}"
-            self.fs.pipe_file(tmp, payload)
-            os.replace(tmp, key)
+                self.fs.pipe_file(key, json_bytes(data))
+            else:
+                write_json(key, data)
 
     def children(self) -> list[str]:
         """The names directly under this location (none when it does not exist yet)."""

@@ -15,14 +15,11 @@ from typing import Any
 
 from trainer.cluster import tf_config as cluster_lib
 from trainer.cluster.peers import lost_peer_message
-from trainer.cluster.resume import home_for
 from trainer.config.contract import TrainConfig
 from trainer.core.errors import PeerUnavailableError, UsageError
-from trainer.core.files import check_writable_parent
 from trainer.data.inputs import eval_dataset, train_dataset
-from trainer.data.tfrecords import load_metadata, verify_split
 from trainer.modeling.export import save_and_discard, save_model
-from trainer.training.callbacks import EpochCheckpoints, TensorBoardScalars, ThroughputHistory, run_log_dir
+from trainer.training import setup
 from trainer.training.history import History, of_run
 
 log = logging.getLogger(__name__)
@@ -83,7 +80,6 @@ def run(
         The training history (also written to `history.json` by the chief).
     """
     import tensorflow as tf
-    import tf_keras as keras
 
     if tf_config and tf_config["cluster"].get("ps"):
         raise UsageError(
@@ -91,49 +87,23 @@ def run(
             "allowed: no ps tasks, or --strategy parameter_server"
         )
     runtime = config.runtime
-    meta = load_metadata(runtime.data_dir)
-    verify_split(runtime.data_dir, meta, "train")
     chief = cluster_lib.is_chief(tf_config)
-    if chief:
-        check_writable_parent(runtime.model_dir)
-        if runtime.tensorboard_dir:
-            check_writable_parent(run_log_dir(runtime.tensorboard_dir, runtime.run_id) + "/train")
-    if runtime.threads:
-        tf.config.threading.set_intra_op_parallelism_threads(runtime.threads)
-        tf.config.threading.set_inter_op_parallelism_threads(min(runtime.threads, 2))
-    keras.utils.set_random_seed(config.data.seed)
-
+    prepared = setup.prepare(config, chief)
+    meta = prepared.meta
     strategy = strategy or make_strategy(tf_config, config)
     if on_formed:
         on_formed()
     workers = cluster_lib.num_workers(tf_config)
     batch_size = config.optim.batch_size
     global_batch = batch_size * workers
-    steps = config.optim.steps_per_epoch or max(1, meta["splits"]["train"]["num_examples"] // global_batch)
-    image_shape = tuple(meta["image_shape"])
+    steps = prepared.steps(config, global_batch)
     rank = cluster_lib.worker_rank(tf_config)
     learning_rate = config.optim.learning_rate * workers**0.5
-
-    with strategy.scope():
-        from trainer.modeling.cnn import build_model
-
-        model = build_model(
-            image_shape,
-            meta["num_classes"],
-            learning_rate,
-            decay_steps=config.optim.epochs * steps,
-            steps_per_execution=config.optim.steps_per_execution,
-        )
-
-    throughput = ThroughputHistory(steps * global_batch)
-    home = home_for(config, tf_config)
-    checkpoints = EpochCheckpoints(model, home, throughput)
-    done = checkpoints.restore(resume_epoch)
+    built = setup.build(config, prepared, strategy, tf_config, learning_rate, steps, steps * global_batch, resume_epoch)
+    model, done = built.model, built.done
     if datasets is None:
         datasets = train_dataset(runtime.data_dir, meta, config.data, batch_size, steps, workers, rank, done)
-    callbacks = [throughput.callback, checkpoints.callback]
-    if chief and runtime.tensorboard_dir:
-        callbacks.append(TensorBoardScalars(run_log_dir(runtime.tensorboard_dir, runtime.run_id), throughput).callback)
+    callbacks = built.callbacks(prepared.log_dir, chief)
     log.info(
         "training %d epochs x %d steps, global batch %d (%d per worker x %d workers)",
         config.optim.epochs,
@@ -144,7 +114,6 @@ def run(
     )
     validation: dict[str, Any] = {}
     if config.optim.validate:
-        verify_split(runtime.data_dir, meta, "test")
         validation = {
             "validation_data": eval_dataset(runtime.data_dir, meta, global_batch, workers, rank),
             "validation_steps": max(1, meta["splits"]["test"]["num_examples"] // global_batch),
@@ -164,10 +133,10 @@ def run(
             raise
         raise PeerUnavailableError(lost_peer_message(tf_config, err.message)) from None
 
-    history = of_run(config, meta, throughput.epochs, workers, global_batch, steps, learning_rate)
+    history = of_run(config, meta, built.throughput.epochs, workers, global_batch, steps, learning_rate)
     if chief:
-        save_model(model, image_shape, runtime.model_dir, history)
+        save_model(model, prepared.image_shape, runtime.model_dir, history)
     else:
-        save_and_discard(model, image_shape, history)
-    home.clear(remove_root=not runtime.checkpoint_dir)
+        save_and_discard(model, prepared.image_shape, history)
+    built.checkpoints.home.clear(remove_root=not runtime.checkpoint_dir)
     return history

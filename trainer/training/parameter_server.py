@@ -25,12 +25,10 @@ from trainer.cluster import tf_config as cluster_lib
 from trainer.cluster.peers import lost_peer_message
 from trainer.config.contract import TrainConfig
 from trainer.core.errors import ChiefFailedError, PeerUnavailableError, UsageError
-from trainer.core.files import check_writable_parent
 from trainer.data.inputs import ps_dataset_creator
-from trainer.data.tfrecords import load_metadata, verify_split
 from trainer.modeling.export import save_model
 from trainer.storage.status import open_status
-from trainer.training.callbacks import TensorBoardScalars, ThroughputHistory, run_log_dir
+from trainer.training import setup
 from trainer.training.history import History, of_run
 
 log = logging.getLogger(__name__)
@@ -39,8 +37,13 @@ STATUS_INTERVAL = 2.0
 POLL_INTERVAL = 1.0
 
 
-def check_topology(tf_config: dict[str, Any] | None) -> None:
-    """Refuses a TF_CONFIG without one chief, parameter servers and workers."""
+def check_topology(tf_config: dict[str, Any] | None, config: TrainConfig | None = None) -> None:
+    """Refuses a TF_CONFIG without one chief, parameter servers and workers, and settings this strategy ignores."""
+    if config is not None and config.optim.validate:
+        raise UsageError(
+            "validate true is not allowed with the parameter_server strategy: its chief only coordinates steps and "
+            "holds no copy of the test data; allowed: validate false (the evaluate step runs after training)"
+        )
     if (
         not tf_config
         or not tf_config["cluster"].get("chief")
@@ -172,48 +175,48 @@ def run(
     """
     import tensorflow as tf
 
-    from trainer.modeling.cnn import build_model
-
-    check_topology(tf_config)
+    check_topology(tf_config, config)
     runtime = config.runtime
-    meta = load_metadata(runtime.data_dir)
-    verify_split(runtime.data_dir, meta, "train")
-    check_writable_parent(runtime.model_dir)
-    log_dir = run_log_dir(runtime.tensorboard_dir, runtime.run_id) if runtime.tensorboard_dir else ""
-    if log_dir:
-        check_writable_parent(f"{log_dir}/train")
+    prepared = setup.prepare(config, chief=True)
     with StatusPublisher(status_store(config)):
         if strategy is None:
             strategy = tf.distribute.experimental.ParameterServerStrategy(cluster_lib.cluster_resolver(tf_config))
         if on_formed:
             on_formed()
         workers = len(tf_config["cluster"]["worker"])
+        servers = len(tf_config["cluster"]["ps"])
         batch_size = config.optim.batch_size
-        steps = config.optim.steps_per_epoch or max(1, meta["splits"]["train"]["num_examples"] // batch_size)
-        image_shape = tuple(meta["image_shape"])
-        with strategy.scope():
-            model = build_model(image_shape, meta["num_classes"], config.optim.learning_rate)
-        throughput = ThroughputHistory(steps * batch_size)
-        callbacks = [throughput.callback]
-        if log_dir:
-            callbacks.append(TensorBoardScalars(log_dir, throughput).callback)
+        steps = prepared.steps(config, batch_size)
+        # Each step is one worker's batch, applied to the parameter servers on its own: the learning rate is not
+        # scaled by the worker count (the mirrored runner scales it because its global batch grows with workers).
+        learning_rate = config.optim.learning_rate
+        built = setup.build(config, prepared, strategy, tf_config, learning_rate, steps, steps * batch_size, None)
         log.info(
             "chief: %d epochs x %d steps of %d examples over %d workers and %d parameter servers",
             config.optim.epochs,
             steps,
             batch_size,
             workers,
-            len(tf_config["cluster"]["ps"]),
+            servers,
         )
         if datasets is None:
-            datasets = ps_dataset_creator(runtime.data_dir, meta, config.data, batch_size)
+            datasets = ps_dataset_creator(runtime.data_dir, prepared.meta, config.data, batch_size)
         try:
-            model.fit(datasets, epochs=config.optim.epochs, steps_per_epoch=steps, callbacks=callbacks, verbose=0)
+            built.model.fit(
+                datasets,
+                epochs=config.optim.epochs,
+                initial_epoch=built.done,
+                steps_per_epoch=steps,
+                callbacks=built.callbacks(prepared.log_dir, chief=True),
+                verbose=0,
+            )
         except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as err:
             raise PeerUnavailableError(lost_peer_message(tf_config, err.message, "a parameter server")) from None
-        learning_rate, servers = config.optim.learning_rate, len(tf_config["cluster"]["ps"])
-        history = of_run(config, meta, throughput.epochs, workers, batch_size, steps, learning_rate, servers)
-        save_model(model, image_shape, runtime.model_dir, history)
+        history = of_run(
+            config, prepared.meta, built.throughput.epochs, workers, batch_size, steps, learning_rate, servers
+        )
+        save_model(built.model, prepared.image_shape, runtime.model_dir, history)
+        built.checkpoints.home.clear(remove_root=not runtime.checkpoint_dir)
     return history
 
 

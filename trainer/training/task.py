@@ -23,7 +23,7 @@ def check_topology(config: TrainConfig, tf_config: dict | None) -> None:
     from trainer.training.parameter_server import check_topology as check_ps_topology
 
     if config.cluster.strategy == "parameter_server":
-        check_ps_topology(tf_config)
+        check_ps_topology(tf_config, config)
     elif tf_config and tf_config["cluster"].get("ps"):
         raise UsageError(
             "TF_CONFIG has 'ps' tasks but the strategy is multi_worker_mirrored; "

@@ -1,7 +1,8 @@
 """Uploading, running and scheduling a compiled pipeline on a KFP v2 server through `kfp.Client`.
 
 Everything that can be checked without the server (cron syntax, durations, parameter names and types) is checked
-before the first request. Server errors become one `DeployError` line, never a traceback of the generated client.
+before the first request, and refused as bad input (`UsageError`, exit 2). Server errors become one `ServerError`
+line (exit 1), never a traceback of the generated client.
 """
 
 import hashlib
@@ -13,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from trainer.core.errors import ServiceError
+from trainer.core.errors import ServiceError, UsageError
 
 _CRON_DESCRIPTORS = {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
 _CRON_FIELDS = (
@@ -27,38 +28,38 @@ _CRON_FIELDS = (
 _DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 
 
-class DeployError(ServiceError):
-    """A one-line reason the upload, run or schedule cannot go ahead (the server refused or could not be reached)."""
+class ServerError(ServiceError):
+    """The KFP server refused a request or could not be reached; one line says which and why."""
 
 
 def check_cron(cron: str) -> str:
     """Checks a KFP cron expression: six fields, seconds first (robfig/cron), or a descriptor such as @daily.
 
     Raises:
-        DeployError: for a 5-field cron, with the 6-field form it probably meant.
+        UsageError: for a 5-field cron, with the 6-field form it probably meant.
     """
     text = " ".join(cron.split())
     if text in _CRON_DESCRIPTORS:
         return text
     fields = text.split(" ")
     if len(fields) == 5:
-        raise DeployError(f"cron {cron!r} has 5 fields; KFP cron has 6 with seconds first: '0 {text}'")
+        raise UsageError(f"cron {cron!r} has 5 fields; KFP cron has 6 with seconds first: '0 {text}'")
     if len(fields) != 6:
-        raise DeployError(
+        raise UsageError(
             f"cron {cron!r} has {len(fields)} fields; KFP cron has 6: second minute hour day-of-month month day-of-week"
         )
     for value, (name, low, high, words) in zip(fields, _CRON_FIELDS, strict=True):
         for part in value.split(","):
             base, _, step = part.partition("/")
             if step and not step.isdigit():
-                raise DeployError(f"cron {cron!r}: {name} step {step!r} is not a number")
+                raise UsageError(f"cron {cron!r}: {name} step {step!r} is not a number")
             if base in ("*", *words) or base.upper() in words:
                 continue
             for bound in base.split("-"):
                 if bound.upper() in words:
                     continue
                 if not bound.isdigit() or not low <= int(bound) <= high:
-                    raise DeployError(
+                    raise UsageError(
                         f"cron {cron!r}: {name} {bound!r} is not allowed; allowed: {low}-{high}, '*'"
                         + (f", {', '.join(w for w in words if w != '?')}" if len(words) > 1 else "")
                     )
@@ -69,11 +70,11 @@ def parse_duration(text: str) -> int:
     """'1d', '24h', '1h30m', '90s' -> seconds."""
     m = _DURATION.match(text.strip())
     if not text.strip() or not m or not any(m.groups()):
-        raise DeployError(f"duration {text!r} is not allowed; allowed: e.g. 90s, 30m, 1h30m, 24h, 1d")
+        raise UsageError(f"duration {text!r} is not allowed; allowed: e.g. 90s, 30m, 1h30m, 24h, 1d")
     d, h, mi, s = (int(g or 0) for g in m.groups())
     seconds = ((d * 24 + h) * 60 + mi) * 60 + s
     if seconds < 60:
-        raise DeployError(f"duration {text!r} is {seconds}s; allowed: at least 60s")
+        raise UsageError(f"duration {text!r} is {seconds}s; allowed: at least 60s")
     return seconds
 
 
@@ -95,15 +96,15 @@ def typed_params(assignments: Sequence[str], parameters: Mapping[str, Mapping[st
     """Turns `key=value` strings into values of the pipeline parameters' types.
 
     Raises:
-        DeployError: naming an unknown parameter (and the known ones) or a value of the wrong type.
+        UsageError: naming an unknown parameter (and the known ones) or a value of the wrong type.
     """
     result: dict[str, Any] = {}
     for item in assignments:
         key, sep, raw = item.partition("=")
         if not sep:
-            raise DeployError(f"--param {item!r} is not key=value")
+            raise UsageError(f"--param {item!r} is not key=value")
         if key not in parameters:
-            raise DeployError(
+            raise UsageError(
                 f"--param {key!r} is not a parameter of this pipeline; allowed: {', '.join(sorted(parameters))}"
             )
         kind = parameters[key]["type"]
@@ -121,7 +122,7 @@ def typed_params(assignments: Sequence[str], parameters: Mapping[str, Mapping[st
             else:
                 value = raw
         except ValueError:
-            raise DeployError(f"--param {key}={raw!r} is not a valid {kind.lower().replace('number_', '')}") from None
+            raise UsageError(f"--param {key}={raw!r} is not a valid {kind.lower().replace('number_', '')}") from None
         result[key] = value
     return result
 
@@ -169,12 +170,12 @@ def _server_call(what: str, server: str, call, *args, **kwargs):
         except (ValueError, AttributeError):
             detail = (err.body or "")[:200] if isinstance(err.body, str) else ""
         detail = " ".join(str(detail).split())[:300]
-        raise DeployError(
+        raise ServerError(
             f"KFP server {server} answered HTTP {err.status} {err.reason or ''} to {what}"
             + (f": {detail}" if detail else "")
         ) from None
     except (HTTPError, OSError) as err:
-        raise DeployError(f"KFP server {server} could not be reached for {what}: {type(err).__name__}") from None
+        raise ServerError(f"KFP server {server} could not be reached for {what}: {type(err).__name__}") from None
 
 
 def upload(

@@ -2,8 +2,9 @@
 
 import pytest
 
-from pipelines import deploy
+from pipelines import kfp_client
 from tests.kfp_standin import KfpStandIn
+from trainer.core.errors import UsageError
 
 pytestmark = pytest.mark.slow  # each test starts a server or a fresh TensorFlow process
 
@@ -199,7 +200,7 @@ def test_token_and_namespace_reach_the_server(kfp_server, cli, httpserver, monke
 )
 def test_cron_checker(cron, ok):
     if ok:
-        assert deploy.check_cron(cron) == cron
+        assert kfp_client.check_cron(cron) == cron
     else:
-        with pytest.raises(deploy.DeployError):
-            deploy.check_cron(cron)
+        with pytest.raises(UsageError):
+            kfp_client.check_cron(cron)

@@ -1,0 +1,109 @@
+"""What both runners do around `fit`: check inputs and outputs, size threads, seed, build the model and its callbacks.
+
+The mirrored runner (`trainer.training.mirrored`) and the parameter-server chief (`trainer.training.parameter_server`)
+differ in the cluster they form, the data they feed and how the learning rate scales; everything else is here, so the
+two honour the same settings the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from trainer.cluster.resume import home_for
+from trainer.config.contract import TrainConfig
+from trainer.core.files import check_writable_parent
+from trainer.data.tfrecords import load_metadata, verify_split
+from trainer.training.callbacks import EpochCheckpoints, TensorBoardScalars, ThroughputHistory, run_log_dir
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """What a runner knows before it builds anything: the dataset's metadata and where TensorBoard files go."""
+
+    meta: dict[str, Any]
+    log_dir: str
+
+    @property
+    def image_shape(self) -> tuple[int, ...]:
+        """Height, width, channels of the dataset's images."""
+        return tuple(self.meta["image_shape"])
+
+    def steps(self, config: TrainConfig, global_batch: int) -> int:
+        """Steps per epoch: the configured number, else one pass over the training split."""
+        return config.optim.steps_per_epoch or max(1, self.meta["splits"]["train"]["num_examples"] // global_batch)
+
+
+def prepare(config: TrainConfig, chief: bool) -> Prepared:
+    """Checks the inputs and outputs, then sizes TensorFlow's thread pools and seeds weights, shuffles and dropout.
+
+    The dataset is checked (the test split too when validating), and on the chief that the outputs are writable.
+
+    Raises:
+        UsageError: a missing or corrupt dataset, or an output location that cannot be written.
+    """
+    import tensorflow as tf
+    import tf_keras as keras
+
+    runtime = config.runtime
+    meta = load_metadata(runtime.data_dir)
+    verify_split(runtime.data_dir, meta, "train")
+    if config.optim.validate:
+        verify_split(runtime.data_dir, meta, "test")
+    log_dir = run_log_dir(runtime.tensorboard_dir, runtime.run_id) if runtime.tensorboard_dir else ""
+    if chief:
+        check_writable_parent(runtime.model_dir)
+        if log_dir:
+            check_writable_parent(f"{log_dir}/train")
+    if runtime.threads:
+        tf.config.threading.set_intra_op_parallelism_threads(runtime.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(min(runtime.threads, 2))
+    keras.utils.set_random_seed(config.data.seed)
+    return Prepared(meta, log_dir)
+
+
+@dataclasses.dataclass
+class Built:
+    """The compiled model, what records its epochs, its checkpoints, and the epochs already done."""
+
+    model: Any
+    throughput: ThroughputHistory
+    checkpoints: EpochCheckpoints
+    done: int
+
+    def callbacks(self, log_dir: str, chief: bool) -> list[Any]:
+        """Throughput, then the epoch checkpoint (its log line marks a finished epoch), then TensorBoard (chief)."""
+        found = [self.throughput.callback, self.checkpoints.callback]
+        if chief and log_dir:
+            found.append(TensorBoardScalars(log_dir, self.throughput).callback)
+        return found
+
+
+def build(
+    config: TrainConfig,
+    prepared: Prepared,
+    strategy: Any,
+    tf_config: dict[str, Any] | None,
+    learning_rate: float,
+    steps: int,
+    examples_per_epoch: int,
+    resume_epoch: int | None,
+) -> Built:
+    """Builds and compiles the model in the strategy's scope and restores the checkpoint to resume after.
+
+    The learning rate follows a cosine over the run; `steps_per_execution` steps run per call (`build_model`).
+    """
+    from trainer.modeling.cnn import build_model
+
+    with strategy.scope():
+        model = build_model(
+            prepared.image_shape,
+            prepared.meta["num_classes"],
+            learning_rate,
+            decay_steps=config.optim.epochs * steps,
+            steps_per_execution=config.optim.steps_per_execution,
+        )
+        throughput = ThroughputHistory(examples_per_epoch)
+        checkpoints = EpochCheckpoints(model, home_for(config, tf_config), throughput)
+        done = checkpoints.restore(resume_epoch)
+    return Built(model, throughput, checkpoints, done)
