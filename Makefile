@@ -33,10 +33,13 @@ run-trainer: $(STAMP)
 	$(PY) -m trainer.evaluate --model-dir $(OUT)/model --data $(OUT)/data/mnist-sample --output $(OUT)/metrics.json
 	@echo "model: $(OUT)/model  metrics: $(OUT)/metrics.json"
 
+## ruff, then the suite in two tiers: the one without multi-process training on two pytest-xdist processes, then the
+## multi-process training tests (marked slow) one at a time, because they time peers, restarts and start-ups.
 test: $(STAMP) $(FASHION_DIR)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile -m "not slow and not image and not e2e"
+	$(PY) -m pytest -m "slow and not image and not e2e"
 
 ## The fast tier: everything but multi-process training, the image and the containers (under a minute), one file
 ## per pytest-xdist worker on 2 processes; `make test` stays serial for the timing of its multi-process tests.

@@ -8,9 +8,9 @@ from kfp.dsl import Artifact, Dataset, Markdown, Metrics, Model
 
 import components
 from pipelines import cli as pipeline_cli
+from tests.conftest import IMAGE
 
-OPS = components.build("registry.example.com/team/kfp-tf-multiworker:9.9.9")
-IMAGE = "registry.example.com/team/kfp-tf-multiworker:9.9.9"
+OPS = components.build(IMAGE)
 
 
 def _pipeline(*argv, out=None):

@@ -7,6 +7,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_DIR = ROOT / "data" / "mnist-sample"
+IMAGE = "registry.example.com/team/kfp-tf-multiworker:9.9.9"
 
 
 def trainer_args(data, model_dir, *extra: str) -> list[str]:
@@ -44,6 +45,27 @@ def write_history(directory, run_id: str = "run-1") -> None:
         tensorboard="",
         parameters={"epochs": 1},
     ).write(str(directory))
+
+
+@pytest.fixture(scope="session")
+def compiled_yaml(tmp_path_factory):
+    """The compiled YAML of each strategy with the default settings, compiled once a session: {strategy: path}."""
+    from pipelines.cli import compile_pipeline
+    from pipelines.factories import FACTORIES
+
+    root = tmp_path_factory.mktemp("compiled")
+    paths = {}
+    for strategy in FACTORIES:
+        paths[strategy] = root / f"{strategy}.yaml"
+        compile_pipeline(str(paths[strategy]), IMAGE, strategy)
+    return paths
+
+
+def pipeline_spec(path):
+    """The pipeline spec (the first YAML document) of a compiled pipeline."""
+    import yaml
+
+    return next(yaml.safe_load_all(Path(path).read_text()))
 
 
 @pytest.fixture(scope="session")

@@ -11,15 +11,12 @@ import pytest
 import yaml
 
 from components import contract
-from pipelines.cli import compile_pipeline
 from pipelines.factories import FACTORIES
-from tests.conftest import ROOT
+from tests.conftest import IMAGE, ROOT, pipeline_spec
 from trainer.config import contract as config
 from trainer.config import registry as settings
 from trainer.config.flags import flag_name
 from trainer.core.errors import UsageError
-
-IMAGE = "registry.example.com/team/kfp-tf-multiworker:9.9.9"
 
 
 def test_every_setting_is_declared_once_with_help_and_a_check():
@@ -91,11 +88,9 @@ def test_the_training_step_refuses_a_setting_it_would_not_use(tmp_path):
         steps.train_task(str(tmp_path), str(tmp_path), "worker", 0, str(tmp_path / "m"), "run-1", min_accuracy=0.9)
 
 
-@pytest.fixture(scope="module", params=list(FACTORIES))
-def compiled(request, tmp_path_factory):
-    path = tmp_path_factory.mktemp("contract") / "p.yaml"
-    compile_pipeline(str(path), IMAGE, request.param)
-    return next(yaml.safe_load_all(path.read_text()))
+@pytest.fixture(params=list(FACTORIES))
+def compiled(request, compiled_yaml):
+    return pipeline_spec(compiled_yaml[request.param])
 
 
 def test_every_default_and_description_in_the_yaml_comes_from_the_contract(compiled):

@@ -12,10 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.cli import compile_pipeline
-from tests.conftest import ROOT
+from tests.conftest import ROOT, pipeline_spec
 
-IMAGE = "registry.example.com/team/kfp-tf-multiworker:9.9.9"
 WORKER_PARAMETERS = {
     "worker_index": 0,
     "run_id": "run-1",
@@ -42,10 +40,8 @@ JSON_TYPES = {
 
 
 @pytest.fixture(scope="module")
-def spec(tmp_path_factory):
-    path = tmp_path_factory.mktemp("executor") / "pipeline.yaml"
-    compile_pipeline(str(path), IMAGE)
-    return next(yaml.safe_load_all(path.read_text()))
+def spec(compiled_yaml):
+    return pipeline_spec(compiled_yaml["multi_worker_mirrored"])
 
 
 def _artifact(path, schema, name="a", metadata=None):

@@ -6,8 +6,6 @@ from pipelines import kfp_client
 from tests.kfp_standin import KfpStandIn
 from trainer.core.errors import UsageError
 
-pytestmark = pytest.mark.slow  # each test starts a server or a fresh TensorFlow process
-
 
 @pytest.fixture
 def kfp_server(httpserver):

@@ -3,18 +3,16 @@
 import json
 import os
 import re
-import signal
 import sys
 import time
 
 import pytest
 
 from tests.conftest import trainer_args
-from tests.test_faults import Streamed, _env, launch
+from tests.test_faults import Streamed, _env
 from trainer.cluster.local import free_ports
 from trainer.cluster.tf_config import build_tf_config, make_cluster
 from trainer.core.errors import EXIT_PEER_UNAVAILABLE, ChiefFailedError, PeerUnavailableError
-from trainer.evaluation.metrics import run as evaluate
 from trainer.training import parameter_server as ps
 
 
@@ -60,63 +58,6 @@ def kill_one(sample_data, tmp_path, status_uri, env, victim=("chief", 0)):
     return procs, codes, elapsed
 
 
-def finish_ps_job(args, timeout, env=None):
-    """Runs a chief, 1 ps and 2 workers through trainer-launch with the trainer's ARGS; all must finish cleanly.
-
-    Returns:
-        The launcher's merged output.
-    """
-    launcher = launch("--workers", "2", "--ps", "1", "--", *args, env=env)
-    try:
-        code = launcher.finish(timeout)
-    finally:
-        launcher.kill()
-    text = "\n".join(launcher.lines)
-    assert code == 0, text[-4000:]
-    for label in ("ps 0", "worker 0", "worker 1"):
-        assert re.search(rf"^\[{label}\] .*the chief finished successfully; exiting", text, re.M), label
-    return text
-
-
-@pytest.mark.slow
-def test_chief_ps_and_two_workers_train_and_all_exit_zero(sample_data, tmp_path):
-    text = finish_ps_job(trainer_args(sample_data, tmp_path / "model", "--epochs", "12"), timeout=400)
-    pids = [int(p) for p in re.findall(r"server started at \S+ \(pid (\d+)\)", text)]
-    assert len(pids) == 3 and _processes_alive(pids) == [], "no process is left running"
-    history = json.loads((tmp_path / "model" / "history.json").read_text())
-    assert history["strategy"] == "parameter_server" and history["parameter_servers"] == 1 and history["workers"] == 2
-    assert evaluate(str(tmp_path / "model"), sample_data).accuracy >= 0.95
-
-
-@pytest.mark.slow
-def test_a_lost_worker_is_replaced_and_the_chief_carries_on(sample_data, tmp_path):
-    launcher = launch(
-        "--workers",
-        "2",
-        "--ps",
-        "1",
-        "--max-restarts",
-        "1",
-        "--",
-        *trainer_args(sample_data, tmp_path / "model", "--epochs", "8"),
-    )
-    try:
-        pid = int(launcher.wait_for(r"started worker 1 \(pid (\d+)\)", 60).group(1))
-        launcher.wait_for(r"^\[worker 1\] .*server started at ", 120)
-        launcher.wait_for(r"^\[chief 0\] .*epoch 2:", 180)
-        os.kill(pid, signal.SIGKILL)  # the whole task, as when its pod is lost
-        launcher.wait_for(r"worker 1 was killed by signal 9 .*starting a replacement \(1 of 1\)", 60)
-        code = launcher.finish(400)
-    finally:
-        launcher.kill()
-    text = "\n".join(launcher.lines)
-    assert code == 0, text[-4000:]
-    assert len(re.findall(r"^\[worker 1\] .*server started at ", text, re.M)) == 2, "the replacement served again"
-    assert re.search(r"^\[worker 1\] .*the chief finished successfully; exiting", text, re.M)
-    assert re.search(r"^\[chief 0\] .*epoch 8:", text, re.M)
-    assert (tmp_path / "model" / "saved_model" / "saved_model.pb").is_file()
-
-
 @pytest.mark.slow
 def test_a_lost_parameter_server_fails_the_job_fast_naming_it(sample_data, tmp_path):
     status = str(tmp_path / "status.json")
@@ -136,17 +77,6 @@ def test_a_lost_parameter_server_fails_the_job_fast_naming_it(sample_data, tmp_p
         assert any("the chief failed: lost contact with a parameter server" in line for line in procs[key].lines)
         assert not any(line.startswith("Traceback") for line in procs[key].lines), "one line, no traceback"
     assert elapsed < 60 and not (tmp_path / "model").exists()
-
-
-@pytest.mark.slow
-def test_killing_the_chief_ends_ps_and_workers_within_the_timeout(sample_data, tmp_path):
-    status = str(tmp_path / "status.json")
-    procs, codes, elapsed = kill_one(sample_data, tmp_path, status, {})
-    assert set(codes.values()) == {EXIT_PEER_UNAVAILABLE}, codes
-    assert elapsed < 8 + 15
-    for key in codes:
-        assert any("the chief's heartbeat" in line and "the chief vanished" in line for line in procs[key].lines), key
-    assert not (tmp_path / "model").exists()
 
 
 def test_status_states_decide_the_servers_exit_code(tmp_path):

@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT
+from tests.conftest import IMAGE, ROOT
 
-IMAGE = "registry.example.com/team/kfp-tf-multiworker:9.9.9"
 EXECUTORS = {
     "exec-prepare-data",
     "exec-create-cluster",

@@ -4,21 +4,25 @@ In-process, and from real chief, ps and worker processes, which find the stand-i
 """
 
 import json
+import os
+import re
+import signal
 import time
 
 import pytest
 
 from tests.conftest import trainer_args
 from tests.standins.kube import Call, KubeStandIn, write_kubeconfig
-from tests.test_parameter_server import finish_ps_job, kill_one
+from tests.test_faults import launch
+from tests.test_parameter_server import _processes_alive, kill_one
 from trainer import steps
 from trainer.config.contract import ClusterConfig, RuntimeConfig, TrainConfig
 from trainer.core.errors import EXIT_PEER_UNAVAILABLE, ChiefFailedError, KubernetesError, PeerUnavailableError
+from trainer.evaluation.metrics import run as evaluate
 from trainer.k8s import objects as k8s
 from trainer.k8s import status as configmap_status
 from trainer.training import parameter_server as ps
-
-pytestmark = pytest.mark.slow  # each test starts a server or a fresh TensorFlow process
+from trainer.training.history import History
 
 RUN_ID = "5d3c0a1e-9b2f-4f6e-8a7d-1c2b3a4d5e6f"
 NS = "team-a"
@@ -52,7 +56,10 @@ def test_the_chief_keeps_its_status_on_a_configmap_owned_by_the_run(cluster):
         workflow = standin.get("workflows.argoproj.io", NS, WORKFLOW["metadata"]["name"])
         assert found["metadata"]["ownerReferences"][0]["uid"] == workflow["metadata"]["uid"]
         assert found["metadata"]["labels"][k8s.RUN_LABEL] == k8s.run_key(RUN_ID)
-        time.sleep(ps.STATUS_INTERVAL + 1)
+        deadline = time.monotonic() + 60
+        while Call("patch", "configmaps", NS, name) not in standin.calls:  # the heartbeat's first refresh
+            assert time.monotonic() < deadline, "the chief never refreshed its heartbeat"
+            time.sleep(0.1)
     ps.wait_for_chief(_store(url), 5, 30, "ps 0")
     assert Call("create", "configmaps", NS, None) in standin.calls
     assert Call("patch", "configmaps", NS, name) in standin.calls, "the heartbeat and the final state are patches"
@@ -116,21 +123,46 @@ def _kubeconfig(tmp_path, url):
     return {"KUBECONFIG": str(path), "POD_NAMESPACE": NS, "POD_NAME": POD, "KUBERNETES_SERVICE_HOST": ""}
 
 
-def test_chief_ps_and_two_workers_finish_through_the_configmap_and_all_exit_zero(cluster, sample_data, tmp_path):
+@pytest.mark.slow  # chief, ps and workers as processes
+def test_a_lost_worker_is_replaced_the_chief_carries_on_and_all_exit_zero_through_the_configmap(
+    cluster, sample_data, tmp_path
+):
+    """chief, ps 0 and workers 0 and 1 through trainer-launch, the status on the run's ConfigMap (found through
+    KUBECONFIG); worker 1's whole process is killed after epoch 2 and replaced, as a lost pod is re-created."""
     standin, url = cluster
     name = configmap_status.configmap_name(RUN_ID)
-    args = trainer_args(sample_data, tmp_path / "model", "--epochs", "3", "--run-id", RUN_ID)
-    finish_ps_job([*args, "--status-uri", f"configmap:{name}"], timeout=300, env=_kubeconfig(tmp_path, url))
+    args = trainer_args(sample_data, tmp_path / "model", "--epochs", "10", "--run-id", RUN_ID)
+    args += ["--status-uri", f"configmap:{name}"]
+    launcher = launch("--workers", "2", "--ps", "1", "--max-restarts", "1", "--", *args, env=_kubeconfig(tmp_path, url))
+    try:
+        pid = int(launcher.wait_for(r"started worker 1 \(pid (\d+)\)", 60).group(1))
+        launcher.wait_for(r"^\[chief 0\] .*epoch 2:", 180)
+        os.kill(pid, signal.SIGKILL)  # the whole task, as when its pod is lost
+        launcher.wait_for(r"worker 1 was killed by signal 9 .*starting a replacement \(1 of 1\)", 60)
+        code = launcher.finish(400)
+    finally:
+        launcher.kill()
+    text = "\n".join(launcher.lines)
+    assert code == 0, text[-4000:]
+    assert len(re.findall(r"^\[worker 1\] .*server started at ", text, re.M)) == 2, "the replacement served again"
+    for label in ("ps 0", "worker 0", "worker 1"):
+        assert re.search(rf"^\[{label}\] .*the chief finished successfully; exiting", text, re.M), label
+    pids = [int(p) for p in re.findall(r"server started at \S+ \(pid (\d+)\)", text)]
+    assert len(pids) == 4 and _processes_alive(pids) == [], "no process is left running"
     assert json.loads(standin.get("configmaps", NS, name)["data"]["status.json"])["state"] == "succeeded"
     assert not (tmp_path / "model.status.json").exists(), "no status file: the servers read the ConfigMap"
-    assert (tmp_path / "model" / "saved_model" / "saved_model.pb").is_file()
+    history = History.read(str(tmp_path / "model"))
+    assert (history.strategy, history.parameter_servers, history.workers) == ("parameter_server", 1, 2)
+    assert [e["epoch"] for e in history.epochs] == list(range(1, 11))
+    assert evaluate(str(tmp_path / "model"), sample_data).accuracy >= 0.95
 
 
+@pytest.mark.slow  # chief, ps and workers as processes
 def test_killing_the_chief_ends_ps_and_workers_with_138_within_the_timeout(cluster, sample_data, tmp_path):
     standin, url = cluster
     procs, codes, elapsed = kill_one(sample_data, tmp_path, "configmap:ps-status", _kubeconfig(tmp_path, url))
     assert set(codes.values()) == {EXIT_PEER_UNAVAILABLE}, codes
-    assert elapsed < 8 + 15
+    assert elapsed < 8 + 60, "the servers end once the chief's heartbeat is older than chief_timeout (8 s)"
     for key in codes:
         assert any("the chief's heartbeat at configmap team-a/ps-status" in line for line in procs[key].lines), key
     assert json.loads(standin.get("configmaps", NS, "ps-status")["data"]["status.json"])["state"] == "running"

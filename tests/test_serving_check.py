@@ -22,8 +22,6 @@ from trainer.serving import check as serving_check
 from trainer.serving.check import Check, ServingCheck
 from trainer.training.history import History
 
-pytestmark = pytest.mark.slow  # each test starts a server or a fresh TensorFlow process
-
 SHAPE = (28, 28, 1)
 ROWS = 64
 HISTORY = History(
@@ -73,6 +71,7 @@ def _failed(result, check):
     return failed[0].detail
 
 
+@pytest.mark.slow  # a SavedModel served in a fresh process
 def test_a_model_the_trainer_exported_passes_every_check(exported, held_out):
     result = serving_check.run(str(exported), held_out, evaluate.predict(str(exported), held_out))
     assert result.passed, result.checks
@@ -89,6 +88,7 @@ def test_a_model_the_trainer_exported_passes_every_check(exported, held_out):
     assert result.summary.startswith(f"passed: {ROWS} held-out uint8 images as TF Serving REST instances")
 
 
+@pytest.mark.slow  # a SavedModel served in a fresh process
 def test_predictions_that_differ_from_the_evaluation_fail(exported, held_out):
     other = _export(exported.parent.parent / "other", _model(seed=2))
     detail = _failed(
@@ -97,6 +97,7 @@ def test_predictions_that_differ_from_the_evaluation_fail(exported, held_out):
     assert "largest probability difference" in detail
 
 
+@pytest.mark.slow  # a SavedModel served in a fresh process
 def test_nan_outputs_fail_the_probability_check(tmp_path, held_out):
     model = _model()
     dense = model.get_layer("probabilities")
@@ -108,6 +109,7 @@ def test_nan_outputs_fail_the_probability_check(tmp_path, held_out):
     assert detail.startswith(f"{ROWS} of {ROWS} rows are not (non-finite: {ROWS})")
 
 
+@pytest.mark.slow  # a SavedModel served in a fresh process
 def test_a_model_without_serving_default_fails_with_the_signatures_it_has(tmp_path, held_out):
     import tensorflow as tf
 
@@ -118,6 +120,7 @@ def test_a_model_without_serving_default_fails_with_the_signatures_it_has(tmp_pa
     assert detail == "no serving_default signature; the model has ['predict']"
 
 
+@pytest.mark.slow  # a SavedModel served in a fresh process
 def test_a_signature_on_float_images_is_not_the_serving_contract(tmp_path, held_out):
     import tensorflow as tf
 
@@ -133,6 +136,7 @@ def test_a_signature_on_float_images_is_not_the_serving_contract(tmp_path, held_
     assert detail == "input images is DT_FLOAT [-1, 28, 28], not raw DT_UINT8 images [-1, 28, 28]"
 
 
+@pytest.mark.slow  # a SavedModel served in a fresh process
 def test_a_model_that_does_not_load_fails_with_the_loaders_error(exported, tmp_path, held_out):
     import shutil
 
@@ -143,6 +147,7 @@ def test_a_model_that_does_not_load_fails_with_the_loaders_error(exported, tmp_p
     assert detail.startswith("the model did not load in a fresh process (exit 1): error: ")
 
 
+@pytest.mark.slow  # a SavedModel served in a fresh process
 def test_the_evaluate_step_reports_a_failed_check_and_says_why(sample_data, tmp_path):
     model = _model()
     dense = model.get_layer("probabilities")

@@ -7,13 +7,13 @@ from kfp.dsl import Artifact, Dataset, Model
 import components
 from pipelines.cli import compile_pipeline
 from pipelines.storage import StorageSettings
+from tests.conftest import IMAGE
 from tests.standins.kube import KubeStandIn, write_kubeconfig
 from trainer.config.contract import RuntimeConfig, TrainConfig
 from trainer.core.errors import UsageError
 from trainer.k8s import claims as checkpoints
 from trainer.k8s import objects as k8s
 
-IMAGE = "registry.example.com/team/kfp-tf-multiworker:9.9.9"
 NS = "team-a"
 RUN_ID = "run-42"
 

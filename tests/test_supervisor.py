@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -43,6 +44,18 @@ def _alive(pid):
         return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def _wait_until_listening(port, timeout=120):
+    """Waits until something accepts connections on localhost:`port` (polling, with a deadline that fails)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("localhost", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(f"nothing listens on localhost:{port} after {timeout}s")
+
+
 def _stuck_worker(sample_data, tmp_path, *extra):
     ports = free_ports(2)
     tf_config = build_tf_config([f"localhost:{p}" for p in ports], "worker", 0)
@@ -59,13 +72,11 @@ def _stuck_worker(sample_data, tmp_path, *extra):
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_during_the_start_up_join_ends_the_task_within_5_seconds(sample_data, tmp_path, sig):
-    proc, _ = _stuck_worker(sample_data, tmp_path, "--startup-timeout", "300")
+    proc, ports = _stuck_worker(sample_data, tmp_path, "--startup-timeout", "300")
     try:
-        deadline = time.monotonic() + 60
-        while not (children := _children(proc.pid)) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        _wait_until_listening(ports[0])  # its TF server is up: it is in the strategy's constructor, joining
+        children = _children(proc.pid)
         assert children, "the training process started"
-        time.sleep(8)  # inside MultiWorkerMirroredStrategy's constructor, waiting for worker 1
         sent = time.monotonic()
         proc.send_signal(sig)
         code = proc.wait(timeout=30)

@@ -9,10 +9,9 @@ never notices, so this walks every DAG of the YAML, nested ones included.
 import pytest
 import yaml
 
-from pipelines.cli import compile_pipeline
 from pipelines.factories import FACTORIES
+from tests.conftest import pipeline_spec
 
-IMAGE = "registry.example.com/team/kfp-tf-multiworker:9.9.9"
 CONSTANT_TYPES = {
     str: "STRING",
     bool: "BOOLEAN",
@@ -24,10 +23,8 @@ CONSTANT_TYPES = {
 
 
 @pytest.fixture(scope="module", params=list(FACTORIES))
-def spec(request, tmp_path_factory):
-    path = tmp_path_factory.mktemp("typeflow") / f"{request.param}.yaml"
-    compile_pipeline(str(path), IMAGE, request.param)
-    return next(yaml.safe_load_all(path.read_text()))
+def spec(request, compiled_yaml):
+    return pipeline_spec(compiled_yaml[request.param])
 
 
 def _constant_type(value):
