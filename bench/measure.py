@@ -22,9 +22,30 @@ def bench_env(**extra):
     return env
 
 
-def run(args, env=None, timeout=1800):
+def pinned_to(cpus):
+    """A `preexec_fn` pinning the new process (and every thread and child it starts) to `cpus`; None: not pinned."""
+    if cpus is None:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
+def core(i):
+    """The i-th CPU this process may run on, as a one-CPU set."""
+    cores = sorted(os.sched_getaffinity(0))
+    return {cores[i % len(cores)]}
+
+
+def run(args, env=None, timeout=1800, cpus=None):
     started = time.perf_counter()
-    result = subprocess.run(args, cwd=ROOT, env=env or bench_env(), capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(
+        args,
+        cwd=ROOT,
+        env=env or bench_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=pinned_to(cpus),
+    )
     if result.returncode:
         command = " ".join(map(str, args[:6]))
         raise SystemExit(f"benchmark step failed ({command}...):\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
@@ -106,8 +127,11 @@ def import_seconds(statement, repeats=3):
     return statistics.median(times)
 
 
-def train_run(data, work, name, workers, epochs, *extra, env=None, ps=0, examples=0, batch=64):
-    """One trainer run through the launcher (or one process with `workers=0`); `examples` per epoch when set."""
+def train_run(data, work, name, workers, epochs, *extra, env=None, ps=0, examples=0, batch=64, cpus=None):
+    """One trainer run through the launcher (or one process with `workers=0`); `examples` per epoch when set.
+
+    The launcher pins each worker to its own core when there is one per worker; `cpus` pins the whole run.
+    """
     model_dir = work / name
     args = [
         "--data",
@@ -126,7 +150,11 @@ def train_run(data, work, name, workers, epochs, *extra, env=None, ps=0, example
         command = [sys.executable, "-m", "trainer.launch", "--workers", str(workers), "--ps", str(ps), "--", *args]
     else:
         command = [sys.executable, "-m", "trainer.train", *args]
-    _, wall = run(command, env=env)
+    _, wall = run(command, env=env, cpus=cpus)
+    return _train_result(model_dir, wall)
+
+
+def _train_result(model_dir, wall):
     history = json.loads((model_dir / "history.json").read_text())
     return {
         "examples_per_second": steady(history["epochs"]),
@@ -135,6 +163,96 @@ def train_run(data, work, name, workers, epochs, *extra, env=None, ps=0, example
         "step_seconds": statistics.mean(e["seconds"] for e in history["epochs"][1:]) / history["steps_per_epoch"],
         "model_dir": str(model_dir),
     }
+
+
+def independent_runs(data, work, name, processes, epochs, examples, batch=64):
+    """`processes` one-worker trainings at once, each pinned to its own core.
+
+    The machine's throughput with every core busy and nothing exchanged: the ceiling for that many workers.
+    """
+    procs, started = [], time.perf_counter()
+    for i in range(processes):
+        model_dir = work / f"{name}-{i}"
+        command = [sys.executable, "-m", "trainer.train", "--data", str(data), "--model-dir", str(model_dir)]
+        command += ["--epochs", str(epochs), "--batch-size", str(batch)]
+        command += ["--steps-per-epoch", str(max(1, examples // batch))]
+        procs.append(
+            subprocess.Popen(
+                command,
+                cwd=ROOT,
+                env=bench_env(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                preexec_fn=pinned_to(core(i)),
+            )
+        )
+    for proc in procs:
+        _, err = proc.communicate(timeout=1800)
+        if proc.returncode:
+            raise SystemExit(f"benchmark step failed (independent run):\n{err[-3000:]}")
+    wall = time.perf_counter() - started
+    runs = [_train_result(work / f"{name}-{i}", wall) for i in range(processes)]
+    return {
+        "examples_per_second": sum(r["examples_per_second"] for r in runs),
+        "wall_seconds": wall,
+        "step_seconds": statistics.mean(r["step_seconds"] for r in runs),
+        "history": runs[0]["history"],
+    }
+
+
+class SystemCpu:
+    """Samples /proc/stat twice a second while open.
+
+    `share(start, end)` is the user/system/idle split between two Unix times (the machine's, every process included).
+    """
+
+    FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+    def __enter__(self):
+        import threading
+
+        self.samples, self._stop = [], threading.Event()
+
+        def sample():
+            while not self._stop.wait(0.5):
+                with open("/proc/stat") as stat:
+                    values = [int(v) for v in stat.readline().split()[1:9]]
+                self.samples.append((time.time(), values))
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def share(self, start, end):
+        inside = [s for s in self.samples if start <= s[0] <= end]
+        if len(inside) < 2:
+            return None
+        delta = [b - a for a, b in zip(inside[0][1], inside[-1][1], strict=True)]
+        total = sum(delta) or 1
+        parts = dict(zip(self.FIELDS, (d / total for d in delta), strict=True))
+        return {
+            "user": parts["user"] + parts["nice"],
+            "system": parts["system"] + parts["irq"] + parts["softirq"],
+            "idle": parts["idle"] + parts["iowait"],
+            "seconds": inside[-1][0] - inside[0][0],
+        }
+
+
+def steady_cpu_share(sampler, history):
+    """The machine's CPU split over a run's epochs after the first (from their `ended_at` times)."""
+    epochs = history["epochs"]
+    return sampler.share(epochs[0]["ended_at"], epochs[-1]["ended_at"])
+
+
+def exchange_ms(kind, nbytes):
+    """bench/exchange.py: milliseconds per exchange of `nbytes` between two processes on their own cores."""
+    result, _ = run([sys.executable, "bench/exchange.py", kind, "--bytes", str(nbytes), "--rounds", "200"])
+    return json.loads(result.stdout.strip().splitlines()[-1])["ms"]
 
 
 def baseline_run(data, epochs, examples, steps_per_execution=1, same_settings=False):

@@ -52,6 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(a lost peer, a killed training process), and a worker whose whole process is killed is replaced up to N "
         "times, as a lost pod is; all workers restart together and resume after the last finished epoch",
     )
+    p.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="do not give each process CPUs of its own (by default, when there is at least one CPU per process, "
+        "each is pinned to its share, as the kubelet's static CPU manager pins a pod, and runs one thread per CPU)",
+    )
     return p
 
 
@@ -79,6 +85,7 @@ def _launch(args: argparse.Namespace, rest: list[str]) -> int:
         tolerate=("worker",) if args.ps else (),
         control=control,
         replacements=args.max_restarts,
+        pin=not args.no_pin,
     )
 
     def interrupted(signum: int, frame: object) -> None:

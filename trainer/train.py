@@ -42,6 +42,7 @@ SETTINGS = {
         "status_uri",
         "chief_timeout",
         "pack_bytes",
+        "sync_batch_metrics",
         "threads",
     ),
 }

@@ -21,6 +21,7 @@ from typing import IO
 from trainer.cluster.control import ADDRESSES_ENV
 from trainer.cluster.tf_config import assign_addresses, build_tf_config, tasks
 from trainer.config.checks import Check, int_between, is_int, require
+from trainer.core import cpus
 from trainer.core.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,7 @@ class WorkerGroup:
         env: dict[str, str] | None = None,
         control: dict[str, list[str]] | None = None,
         replacements: int = 0,
+        pin: bool = True,
     ) -> None:
         self.command = list(command)
         self.cluster = cluster
@@ -104,6 +106,10 @@ class WorkerGroup:
         self.replaced: dict[str, int] = {}
         self.replacements = replacements
         self._pumps: list[threading.Thread] = []
+        budget = cpus.cpu_budget()
+        self.shares = cpus.shares(len(self.tasks), pin, budget)
+        if len(self.tasks) > budget.cpus:
+            log.warning("%d processes on %s: one thread each, sharing the CPUs", len(self.tasks), budget.describe())
 
     def start(self) -> None:
         """Starts one process per task, each with its TF_CONFIG."""
@@ -112,22 +118,29 @@ class WorkerGroup:
 
     def _spawn(self, position: int) -> subprocess.Popen[bytes]:
         job, index = self.tasks[position]
-        threads = max(1, (os.cpu_count() or 1) // len(self.tasks))
+        share = self.shares[position]
         env = dict(self.env)
         env["TF_CONFIG"] = json.dumps(build_tf_config(self.cluster, job, index))
         if self.control:
             env[ADDRESSES_ENV] = json.dumps(self.control)
-        env.setdefault("TF_NUM_INTRAOP_THREADS", str(threads))
-        env.setdefault("TF_NUM_INTEROP_THREADS", "2")
+        env.setdefault(cpus.INTRA_ENV, str(share.threads))
+        env.setdefault(cpus.INTER_ENV, str(cpus.INTER_OP_THREADS))
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
         env["PYTHONUNBUFFERED"] = "1"
         proc = subprocess.Popen(
             self.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
         )
+        where = ""
+        if share.cpus is not None:
+            # Before the new interpreter starts a thread: every thread it and its children start inherits the mask.
+            os.sched_setaffinity(proc.pid, share.cpus)
+            where = f" on CPUs {cpus.ranges(share.cpus)}"
         pump = threading.Thread(target=_pump, args=(self.labels[position], proc.stdout, self.last_error), daemon=True)
         pump.start()
         self._pumps.append(pump)
-        log.info("started %s (pid %d)", self.labels[position], proc.pid)
+        log.info(
+            "started %s (pid %d)%s, %s=%s", self.labels[position], proc.pid, where, cpus.INTRA_ENV, env[cpus.INTRA_ENV]
+        )
         return proc
 
     def _replace(self, position: int, code: int) -> bool:

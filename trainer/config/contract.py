@@ -162,6 +162,14 @@ class ClusterConfig(Checked):
     pack_bytes: int = setting(
         0, "all-reduce gradient packing: bytes per pack; 0: TensorFlow decides", check=at_least(0)
     )
+    sync_batch_metrics: bool = setting(
+        False,
+        "multi_worker_mirrored: all-reduce the loss and metrics after every step, as tf-keras does by default (3 "
+        "more collectives per metric and step, for per-batch logs only); off: every step's only collective is the "
+        "gradients', per-batch logs are each worker's own, and the epoch's metrics are aggregated over all "
+        "workers either way",
+        check=FLAG,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,7 +210,12 @@ class RuntimeConfig(Checked):
         "model's history for lineage",
         check=text(),
     )
-    threads: int = setting(0, "intra-op threads; 0: TensorFlow decides", check=int_between(0, 1024))
+    threads: int = setting(
+        0,
+        "TensorFlow intra-op threads; 0: TF_NUM_INTRAOP_THREADS when set, else the CPU this process may use (its "
+        "cgroup's CPU quota, else its CPU affinity, else the machine's cores), rounded down",
+        check=int_between(0, 1024),
+    )
     tensorboard_dir: str = setting(
         "",
         "where the chief writes TensorBoard event files (loss, accuracy, learning rate, examples/s and, when "

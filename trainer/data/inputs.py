@@ -8,11 +8,14 @@ from trainer.config.contract import DataConfig
 from trainer.data.tfrecords import decode_fn, shard_paths
 
 
-def _options(deterministic: bool) -> Any:
+def _options(deterministic: bool, threads: int) -> Any:
+    """Explicit sharding; with `threads`, tf.data's own pool that size (its default: every core of the machine)."""
     import tensorflow as tf
 
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    if threads:
+        options.threading.private_threadpool_size = threads
     if deterministic:
         options.deterministic = True
     return options
@@ -27,6 +30,7 @@ def train_dataset(
     workers: int,
     rank: int,
     start_epoch: int,
+    threads: int = 0,
 ) -> Any:
     """This worker's share of the training data, reshuffled per epoch and globally batched.
 
@@ -44,6 +48,7 @@ def train_dataset(
         workers: training workers in the cluster.
         rank: this worker's position among them.
         start_epoch: the first epoch to produce, counted from 0.
+        threads: the size of tf.data's thread pool (0: tf.data's default).
 
     Returns:
         An endless dataset of `(float32 images, int64 labels)` global batches.
@@ -87,10 +92,12 @@ def train_dataset(
     ds = ds.map(lambda x, y: (tf.cast(x, tf.float32), y), num_parallel_calls=tf.data.AUTOTUNE).prefetch(
         tf.data.AUTOTUNE
     )
-    return ds.with_options(_options(deterministic=True))
+    return ds.with_options(_options(deterministic=True, threads=threads))
 
 
-def eval_dataset(data_dir: str, meta: dict[str, Any], global_batch: int, workers: int, rank: int) -> Any:
+def eval_dataset(
+    data_dir: str, meta: dict[str, Any], global_batch: int, workers: int, rank: int, threads: int = 0
+) -> Any:
     """This worker's share of the test split, repeated so every worker runs the same number of validation steps."""
     import tensorflow as tf
 
@@ -98,7 +105,7 @@ def eval_dataset(data_dir: str, meta: dict[str, Any], global_batch: int, workers
     if workers > 1:
         ds = ds.shard(workers, rank)
     ds = ds.cache().repeat().map(lambda x, y: (tf.cast(x, tf.float32), y)).batch(global_batch, drop_remainder=True)
-    return ds.with_options(_options(deterministic=False))
+    return ds.with_options(_options(deterministic=False, threads=threads))
 
 
 def ps_dataset_creator(data_dir: str, meta: dict[str, Any], data: DataConfig, batch_size: int) -> Any:

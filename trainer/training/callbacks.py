@@ -83,7 +83,11 @@ def log_epoch(entry: dict[str, Any]) -> None:
 
 
 class ThroughputHistory:
-    """Per-epoch loss, accuracy, wall time and examples/s, as a Keras callback; `epochs` holds one dict per epoch."""
+    """Per-epoch loss, accuracy, wall time and examples/s, as a Keras callback; `epochs` holds one dict per epoch.
+
+    `seconds` is the whole epoch, validation included (`validation_seconds` of it, when validating); `ended_at` is
+    the Unix time the epoch ended.
+    """
 
     def __init__(self, examples_per_epoch: int) -> None:
         import tf_keras as keras
@@ -96,6 +100,10 @@ class ThroughputHistory:
 
             def on_epoch_begin(self, epoch, logs=None):
                 outer._start = time.perf_counter()
+                outer._validation_start = None
+
+            def on_test_begin(self, logs=None):
+                outer._validation_start = time.perf_counter()
 
             def on_epoch_end(self, epoch, logs=None):
                 now = time.perf_counter()
@@ -105,7 +113,10 @@ class ThroughputHistory:
                     "seconds": round(seconds, 3),
                     "elapsed": round(now - outer._fit_start, 3),
                     "examples_per_second": round(examples_per_epoch / seconds, 1),
+                    "ended_at": round(time.time(), 3),
                 }
+                if outer._validation_start is not None:
+                    entry["validation_seconds"] = round(now - outer._validation_start, 3)
                 entry.update({k: float(v) for k, v in (logs or {}).items()})
                 outer.epochs.append(entry)
                 if outer.log_epochs:
@@ -115,6 +126,7 @@ class ThroughputHistory:
         self.log_epochs = True
         self._start = 0.0
         self._fit_start = 0.0
+        self._validation_start: float | None = None
         self.callback = _Callback()
 
 

@@ -19,8 +19,9 @@ class History:
     """A training run's history.
 
     Attributes:
-        epochs: one entry per epoch (`epoch`, `seconds`, `elapsed`, `examples_per_second`, `checkpoint_seconds` and
-            Keras' logs: `loss`, `accuracy`, with validation `val_loss`, `val_accuracy`), resumed epochs included.
+        epochs: one entry per epoch (`epoch`, `seconds`, `elapsed`, `examples_per_second`, `ended_at` (Unix time),
+            `checkpoint_seconds` and Keras' logs: `loss`, `accuracy`, with validation `validation_seconds`,
+            `val_loss`, `val_accuracy`), resumed epochs included.
         workers: training workers (the chief included).
         strategy: `multi_worker_mirrored` or `parameter_server`.
         global_batch_size: examples per step over all workers.

@@ -20,6 +20,7 @@ from trainer.core.errors import PeerUnavailableError, UsageError
 from trainer.data.inputs import eval_dataset, train_dataset
 from trainer.modeling.export import save_and_discard, save_model
 from trainer.training import setup
+from trainer.training.collectives import local_step_metrics
 from trainer.training.history import History, of_run
 
 log = logging.getLogger(__name__)
@@ -101,8 +102,12 @@ def run(
     learning_rate = config.optim.learning_rate * workers**0.5
     built = setup.build(config, prepared, strategy, tf_config, learning_rate, steps, steps * global_batch, resume_epoch)
     model, done = built.model, built.done
+    if workers > 1 and not config.cluster.sync_batch_metrics:
+        local_step_metrics(model)
     if datasets is None:
-        datasets = train_dataset(runtime.data_dir, meta, config.data, batch_size, steps, workers, rank, done)
+        datasets = train_dataset(
+            runtime.data_dir, meta, config.data, batch_size, steps, workers, rank, done, prepared.threads
+        )
     callbacks = built.callbacks(prepared.log_dir, chief)
     log.info(
         "training %d epochs x %d steps, global batch %d (%d per worker x %d workers)",
@@ -115,7 +120,7 @@ def run(
     validation: dict[str, Any] = {}
     if config.optim.validate:
         validation = {
-            "validation_data": eval_dataset(runtime.data_dir, meta, global_batch, workers, rank),
+            "validation_data": eval_dataset(runtime.data_dir, meta, global_batch, workers, rank, prepared.threads),
             "validation_steps": max(1, meta["splits"]["test"]["num_examples"] // global_batch),
         }
     try:

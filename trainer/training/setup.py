@@ -8,21 +8,27 @@ two honour the same settings the same way.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 from typing import Any
 
 from trainer.cluster.resume import home_for
 from trainer.config.contract import TrainConfig
+from trainer.core.cpus import ranges, thread_counts
 from trainer.core.files import check_writable_parent
 from trainer.data.tfrecords import load_metadata, verify_split
 from trainer.training.callbacks import EpochCheckpoints, TensorBoardScalars, ThroughputHistory, run_log_dir
 
+log = logging.getLogger(__name__)
+
 
 @dataclasses.dataclass(frozen=True)
 class Prepared:
-    """What a runner knows before it builds anything: the dataset's metadata and where TensorBoard files go."""
+    """What a runner knows before it builds anything: the dataset's metadata, where TensorBoard files go, threads."""
 
     meta: dict[str, Any]
     log_dir: str
+    threads: int
 
     @property
     def image_shape(self) -> tuple[int, ...]:
@@ -55,11 +61,21 @@ def prepare(config: TrainConfig, chief: bool) -> Prepared:
         check_writable_parent(runtime.model_dir)
         if log_dir:
             check_writable_parent(f"{log_dir}/train")
-    if runtime.threads:
-        tf.config.threading.set_intra_op_parallelism_threads(runtime.threads)
-        tf.config.threading.set_inter_op_parallelism_threads(min(runtime.threads, 2))
+    threads = thread_counts(runtime.threads)
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads.intra)
+        tf.config.threading.set_inter_op_parallelism_threads(threads.inter)
+    except RuntimeError:
+        threads = dataclasses.replace(threads, reason="TensorFlow was initialised before this run: kept its pools")
+    log.info(
+        "threads: %d intra-op, %d inter-op (%s) on CPUs %s",
+        tf.config.threading.get_intra_op_parallelism_threads(),
+        tf.config.threading.get_inter_op_parallelism_threads(),
+        threads.reason,
+        ranges(os.sched_getaffinity(0)),
+    )
     keras.utils.set_random_seed(config.data.seed)
-    return Prepared(meta, log_dir)
+    return Prepared(meta, log_dir, threads.intra)
 
 
 @dataclasses.dataclass
