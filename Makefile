@@ -7,6 +7,7 @@ OUT ?= out
 FASHION_DIR := /usr/share/datasets/fashion-mnist
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' trainer/__init__.py)
 TAG ?= kfp-tf-multiworker:$(VERSION)
+EXAMPLE_TAG ?= kfp-tf-diagnosis-example:$(VERSION)
 
 .PHONY: run run-trainer test test-fast e2e compile fashion bench image clean
 
@@ -66,7 +67,8 @@ bench: $(STAMP) $(FASHION_DIR)
 ## when none answers and builds on a local stand-in base when Docker Hub is out of reach.
 e2e: $(STAMP)
 	$(PYTHON) .ci/containers/build.py build --tag $(TAG)
-	KFP_TF_IMAGE=$(TAG) $(PY) -m pytest -m "image or e2e" tests/test_image.py tests/test_e2e.py
+	$(PYTHON) .ci/containers/build.py build --tag $(EXAMPLE_TAG) --dockerfile pipelines/tabular_example/Dockerfile --base $(TAG)
+	KFP_TF_IMAGE=$(TAG) KFP_TF_EXAMPLE_IMAGE=$(EXAMPLE_TAG) $(PY) -m pytest -m "image or e2e" tests/test_image.py tests/test_e2e.py
 
 ## The one image: `docker build` of the Dockerfile with BuildKit; TAG=... names it, BASE=... the Python image to build on.
 image:

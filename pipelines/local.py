@@ -79,5 +79,5 @@ def publish_summary(run_id: str, decision: str, metrics: dict[str, Any], publish
     published = latest(publish_uri)
     if published is not None and published.lineage["run_id"] == run_id:
         return f"published version {published.version} at {published.path}"
-    known = f"{published.version} ({published.accuracy:.4f})" if published else "(none)"
+    known = f"{published.version} ({published.accuracy or 0:.4f})" if published else "(none)"
     return f"not published: accuracy {metrics['accuracy']:.4f} is below the published version {known}"

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT
 
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
@@ -32,10 +34,14 @@ def _pins(lines):
     )
 
 
-def test_hadolint_reports_nothing_at_warning_or_above():
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "pipelines/tabular_example/Dockerfile"])
+def test_hadolint_reports_nothing_at_warning_or_above(dockerfile):
     hadolint = Path(sys.executable).parent / "hadolint"
     result = subprocess.run(
-        [str(hadolint), "--failure-threshold", "style", "-"], input=DOCKERFILE, capture_output=True, text=True
+        [str(hadolint), "--failure-threshold", "style", "-"],
+        input=(ROOT / dockerfile).read_text(),
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip() == ""

@@ -121,6 +121,25 @@ def test_a_better_model_gets_a_higher_version_and_a_worse_one_replaces_nothing(b
     assert backend.read_json("latest.json")["version"] == second.version
 
 
+def test_a_model_without_an_accuracy_is_published_as_the_newest(tmp_path, saved_model):
+    """A command-mode model whose command reported no accuracy: every successful run is the newest version."""
+    uri = str(tmp_path / "published")
+    lineage = {"run_id": "r", "command": ["python", "train.py"], "image": "i", "task": "worker:0"}
+    first = publish(saved_model, {"accuracy": 0.99}, uri, lineage)
+    second = publish(saved_model, {}, uri, lineage)
+    assert second.published and second.version > first.version
+    assert second.reason == (
+        f"published version {second.version} (no accuracy to compare: the newest successful run is published)"
+    )
+    third = publish(saved_model, {"accuracy": 0.5}, uri, lineage)
+    assert third.published
+    assert (
+        third.reason
+        == f"published version {third.version} with accuracy 0.5000 (previous version {second.version} has no accuracy)"
+    )
+    assert latest(uri).version == third.version and latest(uri).accuracy == 0.5 and latest(uri).lineage == lineage
+
+
 def test_a_source_file_lost_mid_copy_leaves_nothing_visible(backend, saved_model, tmp_path):
     backend.publish(saved_model, 0.96)
     before = backend.listing()

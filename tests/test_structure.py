@@ -92,6 +92,7 @@ def test_the_trainer_is_grouped_by_concern_with_only_entry_points_at_the_top():
     assert top == {"__init__", "cli", "steps", "train", "prepare", "evaluate", "launch"}, "commands and steps"
     packages = {p.parent.name for p in (ROOT / "trainer").glob("*/__init__.py")}
     assert packages == {
+        "command",
         "config",
         "core",
         "data",

@@ -202,7 +202,14 @@ def publish_model(
     uri = kfpstore.expand(target.publish_uri, namespace)
     store = kfpstore.store(StorageConfig(storage=storage, s3_endpoint=s3_endpoint), namespace)
     check_target(uri, store.endpoint)
-    lineage = {**History.read(model_dir).lineage, "model_uri": model_uri or model_dir}
+    from trainer.command.record import JobRecord
+
+    command_mode = os.path.isfile(os.path.join(model_dir, JobRecord.FILE))
+    if command_mode and not os.path.isfile(os.path.join(model_dir, History.FILE)):
+        lineage = JobRecord.read(model_dir).lineage
+    else:
+        lineage = History.read(model_dir).lineage
+    lineage = {**lineage, "model_uri": model_uri or model_dir}
     return publish(os.path.join(model_dir, SAVED_MODEL_DIR), metrics, uri, lineage, store.endpoint, store.refused)
 
 

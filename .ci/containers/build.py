@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from base import base_image, ensure_base
+from base import base_image, ensure_base, image_exists
 from build_secrets import host_pip_settings, write_secrets
 from common import SetupError, log, run
 from engine import Engine, ensure_engine, find_builder
@@ -103,15 +103,23 @@ def build_command(
     ]
 
 
-def build(tag: str, dockerfile: Path = DOCKERFILE, context: Path = ROOT) -> BuiltImage:
+def build(tag: str, dockerfile: Path = DOCKERFILE, context: Path = ROOT, base: str | None = None) -> BuiltImage:
     """Engine, base image, then `docker build` of `dockerfile` with the host's pip settings and CA as secrets.
+
+    `base` (an image the engine holds, such as this project's for a user's image built FROM it) replaces the
+    Dockerfile's `ARG BASE` default.
 
     Raises:
         SetupError: a prerequisite is missing, or a step failed (the build's own output is shown as it runs).
     """
     started = time.monotonic()
     engine = ensure_engine()
-    base, obtained = ensure_base(engine.cli, base_image(dockerfile))
+    if base is None:
+        base, obtained = ensure_base(engine.cli, base_image(dockerfile))
+    elif image_exists(engine.cli, base):
+        obtained = "present"
+    else:
+        raise SetupError(f"the engine has no image {base} to build {tag} on; build it first")
     builder = find_builder()
     with tempfile.TemporaryDirectory(prefix="kfp-image-secrets-") as secrets:
         argv = build_command(
@@ -148,6 +156,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     build_parser = commands.add_parser("build", help="build the image (engine and base image first)")
     build_parser.add_argument("--tag", help="image name (default kfp-tf-multiworker:<trainer version>)")
+    build_parser.add_argument(
+        "--dockerfile", type=Path, default=DOCKERFILE, help="the Dockerfile (its directory is the context)"
+    )
+    build_parser.add_argument("--base", help="the image to build on (default: the Dockerfile's ARG BASE)")
     commands.add_parser("engine", help="only make sure a Docker Engine runs")
     commands.add_parser("base", help="make sure the engine holds an image to build on (the base, or its stand-in)")
     return parser.parse_args(argv)
@@ -166,7 +178,15 @@ def main(argv: list[str] | None = None) -> int:
             base, obtained = ensure_base(engine.cli, base_image(DOCKERFILE))
             print(f"base image {base} ({obtained})")
         else:
-            built = build(check_tag(args.tag or f"kfp-tf-multiworker:{version()}"))
+            dockerfile = args.dockerfile.resolve()
+            if not dockerfile.is_file():
+                raise SetupError(f"--dockerfile {args.dockerfile} is not a file")
+            built = build(
+                check_tag(args.tag or f"kfp-tf-multiworker:{version()}"),
+                dockerfile,
+                dockerfile.parent,
+                check_tag(args.base) if args.base else None,
+            )
             print(
                 f"image {built.tag} id {built.image_id} size {built.size / 1e9:.2f} GB ({built.size} bytes); "
                 f"docker build {built.build_seconds:.1f} s, total {built.total_seconds:.1f} s (base image: "

@@ -177,6 +177,13 @@ class Control:
                 return address
         return None
 
+    def lost_peer(self, generation: int) -> str | None:
+        """The first peer that `failed_peer` names or whose supervisor does not answer at all (a lost pod)."""
+        for address, s in self.peer_states().items():
+            if s is None or s.generation > generation or (s.generation == generation and s.state == "failed"):
+                return address
+        return None
+
     def fetch(self, address: str, epoch: int, receive: Callable[[Any, str], Any]) -> Any:
         """Asks the peer at `address` for its checkpoint of `epoch` and hands the stream to `receive`.
 

@@ -7,7 +7,7 @@ stopped politely. The task therefore runs as a child of this small process (no T
 - kills the child when the cluster has not formed within the start-up timeout, naming the peers it cannot reach
   (exit 140, restarted in place);
 - on SIGTERM or SIGINT stops the child (SIGTERM, then SIGKILL after a short grace) and exits 143 or 130;
-- after a retryable failure (137, 138, 140) restarts the child in place, up to `max_restarts` times. With a control
+- after a retryable failure (137, 138, 140, ...) restarts the child in place, up to `max_restarts` times. With a control
   channel (`Control`) every worker's supervisor publishes its generation, state and latest checkpoint, stops its own
   child as soon as a peer's has failed or a replaced peer has come up, and starts the next generation only when
   every peer answers and none still runs an older one: all workers converge on the same restart instead of joining
@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from trainer.cluster.control import PEER_POLL_SECONDS, Control
@@ -129,7 +129,29 @@ class Supervisor:
         control: Control | None = None,
         grace: float = GRACE_SECONDS,
         home: CheckpointHome | None = None,
+        retryable: Callable[[int], bool] = RETRYABLE_EXIT_CODES.__contains__,
+        formed: Callable[[], bool] | None = None,
+        blame_peers: bool = False,
     ) -> None:
+        """Sets up the supervision; `run` does it.
+
+        Args:
+            command: the training process's command line.
+            env: its environment (TF_CONFIG is added from `tf_config`).
+            tf_config: this task's TF_CONFIG dict; None for a single process.
+            startup_timeout: seconds the cluster may take to form, per generation.
+            max_restarts: restarts in place after a retryable exit.
+            control: the control channel the workers' supervisors restart together through.
+            grace: seconds between SIGTERM and SIGKILL when stopping the child.
+            home: this task's checkpoints, handed over between supervisors.
+            retryable: which exit codes restart the child (the contract's by default; a user's command follows its
+                TFJob restart policy).
+            formed: for a child that does not report that the cluster formed (a user's command), whether it has,
+                polled once a second (every task's TensorFlow port accepts connections).
+            blame_peers: for a child that cannot say that a lost peer made it fail (a user's command exits 1 with
+                TensorFlow's traceback): an exit its restart policy would not retry counts as a lost peer (exit 138)
+                when, within two seconds, a peer's supervisor reports its own failure or stops answering.
+        """
         self.command = list(command)
         self.env = dict(env)
         self.tf_config = tf_config
@@ -138,6 +160,9 @@ class Supervisor:
         self.control = control
         self.grace = grace
         self.home = home
+        self.retryable = retryable
+        self.formed = formed
+        self.blame_peers = blame_peers
         task = tf_config["task"] if tf_config else {"type": "worker", "index": 0}
         self.name = f"{task['type']} {task['index']}"
 
@@ -145,7 +170,7 @@ class Supervisor:
         """Supervises until the task succeeds, fails for good or is stopped; returns the exit code."""
         with _Signals() as signals:
             generation = self.control.first_generation() if self.control else 0
-            restarts = 0
+            self.restarts = 0
             while True:
                 deadline = time.monotonic() + self.startup_timeout
                 try:
@@ -163,14 +188,14 @@ class Supervisor:
                     return 128 + signals.received
                 if self.control:
                     self.control.set(generation, "done" if code == 0 else "failed")
-                if code == 0 or code not in RETRYABLE_EXIT_CODES or restarts >= self.max_restarts:
+                if code == 0 or not self.retryable(code) or self.restarts >= self.max_restarts:
                     return code
-                restarts += 1
+                self.restarts += 1
                 nxt = max(generation + 1, self.control.first_generation() if self.control else 0)
                 log.info(
                     "%s: restart %d of %d in place (exit code %d); generation %d",
                     self.name,
-                    restarts,
+                    self.restarts,
                     self.max_restarts,
                     code,
                     nxt,
@@ -224,20 +249,25 @@ class Supervisor:
     ) -> int:
         formed = self.tf_config is None
         next_peer_check = time.monotonic() + PEER_POLL_SECONDS
+        next_formed_check = time.monotonic()
         while True:
             code = child.poll()
             if code is not None:
-                return _shell_code(code)
+                return self._exit(_shell_code(code), generation)
             if signals.received is not None:
                 log.info("%s: received signal %d; stopping the training process", self.name, signals.received)
                 _stop(child, self.grace)
                 return EXIT_TERMINATED
             ready, _, _ = select.select([read_fd], [], [], POLL_SECONDS)
-            if ready and os.read(read_fd, 64).startswith(FORMED) and not formed:
+            now = time.monotonic()
+            reported = ready and os.read(read_fd, 64).startswith(FORMED)
+            if not formed and self.formed and now >= next_formed_check:
+                next_formed_check = now + PEER_POLL_SECONDS
+                reported = self.formed()
+            if reported and not formed:
                 formed = True
                 if self.control:
                     self.control.set(generation, "formed")
-            now = time.monotonic()
             if not formed and now > deadline:
                 self._startup_timeout()
                 _stop(child, 0)
@@ -254,6 +284,23 @@ class Supervisor:
                     )
                     _stop(child, self.grace)
                     return EXIT_PEER_UNAVAILABLE
+
+    def _exit(self, code: int, generation: int) -> int:
+        """The child's exit code, or 138 when `blame_peers` finds a peer lost at the same time (see `__init__`)."""
+        if not code or self.retryable(code) or not (self.blame_peers and self.control):
+            return code
+        deadline = time.monotonic() + 2 * PEER_POLL_SECONDS
+        while (peer := self.control.lost_peer(generation)) is None and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
+        if peer is None:
+            return code
+        print(
+            f"error: {self.name}: the training process exited with code {code} while the supervisor at {peer} "
+            "reports its own failed or does not answer: a lost peer; restarting together",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_PEER_UNAVAILABLE
 
     def _startup_timeout(self) -> None:
         peers = peers_of(self.tf_config) if self.tf_config else []

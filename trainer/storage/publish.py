@@ -50,9 +50,9 @@ class Latest:
     lineage: dict[str, Any]
 
     @property
-    def accuracy(self) -> float:
-        """The accuracy the version was published with."""
-        return float(self.metrics["accuracy"])
+    def accuracy(self) -> float | None:
+        """The accuracy the version was published with (None: a command-mode model whose command reported none)."""
+        return float(self.metrics["accuracy"]) if "accuracy" in self.metrics else None
 
     def to_json(self) -> dict[str, Any]:
         """The record as latest.json holds it."""
@@ -140,7 +140,8 @@ def publish(
 
     Args:
         saved_model_dir: the local SavedModel directory to publish.
-        metrics: the evaluation's metrics; `accuracy` decides against the published model.
+        metrics: the evaluation's metrics; `accuracy` decides against the published model (a model without one, or
+            against one without one, is published as the newest).
         publish_uri: a path, `s3://BUCKET/PREFIX` or `gs://BUCKET/PREFIX`.
         lineage: run, dataset, model URI and training parameters, recorded in `metrics.json` and `latest.json`.
         s3_endpoint: the S3 endpoint URL (SeaweedFS, MinIO); empty: AWS.
@@ -159,8 +160,8 @@ def publish(
     target = Location(publish_uri, s3_endpoint, refused)
     found = target.read_json(LATEST)
     previous = Latest.from_json(found) if found is not None else None
-    accuracy = float(metrics["accuracy"])
-    if previous is not None and accuracy < previous.accuracy:
+    accuracy = float(metrics["accuracy"]) if "accuracy" in metrics else None
+    if previous is not None and None not in (accuracy, previous.accuracy) and accuracy < previous.accuracy:
         reason = (
             f"not published: accuracy {accuracy:.4f} is below the published version {previous.version} "
             f"({previous.accuracy:.4f})"
@@ -179,9 +180,16 @@ def publish(
         # The version number is new, so everything under it is this attempt's; latest.json is unchanged.
         _discard(target, staging, str(version))
         raise
-    reason = f"published version {version} with accuracy {accuracy:.4f}" + (
-        f" (previous {previous.accuracy:.4f})" if previous else " (first version)"
-    )
+    if accuracy is None:
+        reason = f"published version {version} (no accuracy to compare: the newest successful run is published)"
+    else:
+        if previous is None:
+            before = " (first version)"
+        elif previous.accuracy is None:
+            before = f" (previous version {previous.version} has no accuracy)"
+        else:
+            before = f" (previous {previous.accuracy:.4f})"
+        reason = f"published version {version} with accuracy {accuracy:.4f}{before}"
     log.info("%s at %s", reason, record.path)
     with contextlib.suppress(Exception):
         target.fs.invalidate_cache()

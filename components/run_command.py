@@ -1,0 +1,121 @@
+"""The command-mode steps: a job's cluster, each task running the user's own command, and the chief's model."""
+
+from kfp.dsl import Artifact, Input, Metrics, Model, Output
+
+
+def create_job_cluster(
+    cluster: Output[Artifact], chief: bool, run_id: str, num_workers: int, cluster_mode: str, port: int
+) -> list[int]:
+    """Gives the job's chief (when it has one) and each worker an address every other task can reach.
+
+    Args:
+        cluster: cluster.json: the cluster spec of the job's TF_CONFIG, and its supervisors' addresses.
+        chief: whether the job has a Chief replica.
+        num_workers: the Worker replicas.
+
+    Returns:
+        The worker indices [0, 1, ..., num_workers - 1]: the items of the workers' ParallelFor.
+    """
+    from trainer.cli import run_step
+    from trainer.command import run
+
+    record = run_step(
+        run.create_job_cluster,
+        output_dir=cluster.path,
+        run_id=run_id,
+        chief=chief,
+        num_workers=num_workers,
+        cluster_mode=cluster_mode,
+        port=port,
+    )
+    cluster.metadata.update(record.to_json())
+    return list(range(num_workers))
+
+
+def run_command(
+    cluster: Input[Artifact],
+    task_type: str,
+    index: int,
+    command: list,
+    env: dict,
+    restart_policy: str,
+    saved_model: str,
+    image: str,
+    model: Output[Model],
+    run_id: str,
+    startup_timeout: float,
+    unschedulable_timeout: float,
+    max_restarts: int,
+    checkpoint_dir: str,
+    cluster_mode: str,
+):
+    """Runs the replica's own command as one task of the job, with TF_CONFIG as TFJob's operator generated it.
+
+    The command runs under this project's supervisor: Service and peer waits on a cluster, a start-up watchdog,
+    restarts in place by the replica's restart policy, prompt stop on SIGTERM. Its environment names MODEL_DIR and
+    CHECKPOINT_DIR.
+
+    Args:
+        cluster: the job's cluster.json from create_job_cluster.
+        task_type: chief or worker.
+        index: this task's index within its type.
+        command: the replica's command and args; `$(NAME)` is expanded from the environment as in a pod.
+        env: the replica's environment variables.
+        restart_policy: the replica's TFJob restartPolicy (Never, OnFailure, ExitCode).
+        saved_model: where the chief's command writes its SavedModel (default $(MODEL_DIR)/saved_model).
+        image: the replica's image, recorded in the model's lineage.
+        model: on the chief, saved_model/, job.json and the command's own metrics.json if it wrote one; on the
+            others, worker.json.
+    """
+    from trainer.cli import run_step
+    from trainer.command import run
+
+    model.metadata.update(
+        run_step(
+            run.command_task,
+            cluster_dir=cluster.path,
+            task_type=task_type,
+            index=index,
+            model_dir=model.path,
+            run_id=run_id,
+            command=command,
+            env=env,
+            restart_policy=restart_policy,
+            saved_model=saved_model,
+            image=image,
+            startup_timeout=startup_timeout,
+            unschedulable_timeout=unschedulable_timeout,
+            max_restarts=max_restarts,
+            checkpoint_dir=checkpoint_dir,
+            cluster_mode=cluster_mode,
+        )
+    )
+
+
+def chief_model(models: Input[list[Model]], model: Output[Model], metrics: Output[Metrics]):
+    """Passes on the chief's model of a command-mode job and the metrics its command reported.
+
+    Args:
+        models: every task's model; exactly one holds a SavedModel (the chief's).
+        model: the chief's model directory (saved_model/, job.json).
+        metrics: the numbers the command wrote to $(MODEL_DIR)/metrics.json (none when it wrote none).
+    """
+    import shutil
+
+    from trainer.cli import run_step
+    from trainer.command.record import JobRecord
+
+    def pick():
+        import os
+
+        from trainer.core.errors import UsageError
+
+        chiefs = [m for m in models if os.path.isfile(os.path.join(m.path, JobRecord.FILE))]
+        if len(chiefs) != 1:
+            raise UsageError(f"expected exactly one chief model (job.json), found {len(chiefs)} of {len(models)}")
+        shutil.copytree(chiefs[0].path, model.path)
+        return chiefs[0].uri, JobRecord.read(model.path)
+
+    source, record = run_step(pick)
+    model.metadata.update({"source_uri": source, "task": record.task, "restarts": record.restarts})
+    metrics.metadata.update(record.metrics)

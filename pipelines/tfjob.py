@@ -1,0 +1,221 @@
+"""From a TFJob manifest to a pipeline: compile it for a cluster, or run it here with kfp.local.
+
+    python pipelines/tfjob.py tfjob.yaml --compile --image REGISTRY/kfp-tf-multiworker:0.1.0 --output job.yaml
+    python pipelines/tfjob.py tfjob.yaml --local --mount /app=. --publish-uri out/published
+
+Every field the manifest has that cannot be carried over is refused with one line naming it (exit 2); fields kept
+with a different behaviour are printed as `warning:` lines. docs/migrate-from-tfjob.md has the table.
+"""
+
+import argparse
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trainer.cli import run_cli
+from trainer.command.tfjob import JobSpec, read_manifest
+from trainer.core.errors import UsageError
+from trainer.core.files import write_text
+
+LOCAL_IMAGE = "kfp-tf-multiworker:local"
+PYTHON = ("python", "python3")
+
+
+def load(path: str) -> JobSpec:
+    """Reads and checks the manifest at `path` (YAML, one document)."""
+    import yaml
+
+    try:
+        with open(path) as f:
+            documents = [d for d in yaml.safe_load_all(f) if d is not None]
+    except OSError as err:
+        raise UsageError(f"manifest {path!r} cannot be read: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise UsageError(f"manifest {path!r} is not valid YAML: {str(err).splitlines()[0]}") from None
+    if len(documents) != 1:
+        raise UsageError(f"manifest {path!r} holds {len(documents)} documents; allowed: exactly one TFJob")
+    return read_manifest(documents[0])
+
+
+def _mounts(pairs: list[str]) -> dict[str, str]:
+    mounts = {}
+    for pair in pairs:
+        path, sep, host = pair.partition("=")
+        if not sep or not host or not path.startswith("/"):
+            raise UsageError(f"--mount {pair!r} is not allowed; allowed: /path/in/the/container=HOST_DIR")
+        mounts[path.rstrip("/") or "/"] = os.path.abspath(host)
+    return mounts
+
+
+def _rewrite(text: str, mounts: dict[str, str]) -> str:
+    for path in sorted(mounts, key=len, reverse=True):
+        if text == path or text.startswith(path + "/"):
+            return mounts[path] + text[len(path) :]
+        for prefix in ("=", ":"):
+            marker = prefix + path
+            at = text.find(marker)
+            if at >= 0 and (len(text) == at + len(marker) or text[at + len(marker)] == "/"):
+                return text[: at + 1] + mounts[path] + text[at + len(marker) :]
+    return text
+
+
+def local_paths(job: JobSpec, mounts: dict[str, str], volumes: str) -> dict[str, str]:
+    """Container paths and the host directories a local run puts there.
+
+    `mounts` first, then each claim's mount path at a directory of its own under `volumes`, which every task shares
+    (as a ReadWriteMany claim would).
+    """
+    paths = dict(mounts)
+    for replica in job.replicas:
+        for mount in replica.mounts:
+            paths.setdefault(mount.path.rstrip("/"), os.path.join(volumes, mount.claim))
+    return paths
+
+
+def for_this_machine(job: JobSpec, paths: dict[str, str]) -> JobSpec:
+    """The job as kfp.local runs it.
+
+    Container paths are rewritten to host paths (`local_paths`), `python` is this interpreter, and no claims remain.
+    """
+    replicas = []
+    for replica in job.replicas:
+        for mount in replica.mounts:
+            os.makedirs(paths[mount.path.rstrip("/")], exist_ok=True)
+        command = [_rewrite(part, paths) for part in replica.command]
+        if command and command[0] in PYTHON:
+            command[0] = sys.executable
+        replicas.append(
+            dataclasses.replace(
+                replica,
+                command=tuple(command),
+                args=tuple(_rewrite(a, paths) for a in replica.args),
+                env=tuple((k, _rewrite(v, paths)) for k, v in replica.env),
+                mounts=(),
+            )
+        )
+    return dataclasses.replace(job, replicas=tuple(replicas))
+
+
+def _warn(job: JobSpec) -> None:
+    for line in job.warnings:
+        print(f"warning: {line}", file=sys.stderr)
+
+
+def compile_job(args: argparse.Namespace) -> None:
+    """Writes the pipeline YAML of the manifest."""
+    from kfp import compiler
+
+    from pipelines.cli import check_image
+    from pipelines.jobs import tfjob_pipeline
+
+    if not args.image:
+        raise UsageError("--image is required with --compile: the image this project's own steps run in")
+    job = load(args.manifest)
+    _warn(job)
+    check_image(args.image)
+    for replica in job.replicas:
+        check_image(replica.image)
+    if not args.output.endswith((".yaml", ".yml")):
+        raise UsageError(f"--output {args.output!r} must end with .yaml or .yml")
+    pipeline = tfjob_pipeline(job, args.image, args.saved_model)
+    with tempfile.TemporaryDirectory() as tmp:
+        compiler.Compiler().compile(pipeline, package_path=f"{tmp}/pipeline.yaml")
+        write_text(args.output, Path(f"{tmp}/pipeline.yaml").read_text())
+    print(f"pipeline YAML: {args.output}")
+
+
+def run_job_locally(job: JobSpec, output_dir: str, saved_model: str = "", **arguments: Any) -> dict[str, Any]:
+    """Runs the job's pipeline through kfp.local's SubprocessRunner; returns where the model went and the time."""
+    from kfp import local
+
+    from pipelines.jobs import tfjob_pipeline
+    from pipelines.local import LOCAL_MAX_WORKERS
+    from trainer.config import registry as settings
+
+    tasks = sum(r.count for r in job.replicas)
+    if tasks > LOCAL_MAX_WORKERS:
+        raise UsageError(
+            f"{tasks} tasks are not allowed with --local; allowed: 1 to {LOCAL_MAX_WORKERS} (kfp.local runs at most "
+            "2 loop iterations at once and every task must run at the same time)"
+        )
+    root = os.path.abspath(output_dir)
+    os.makedirs(root, exist_ok=True)
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=root, raise_on_error=True)
+    started = time.monotonic()
+    arguments = {"startup_timeout": settings.default("startup_timeout"), **arguments}
+    model = tfjob_pipeline(job, LOCAL_IMAGE, saved_model)(cluster_mode="local", **arguments).output
+    return {"seconds": round(time.monotonic() - started, 1), "model": model.path, "metadata": dict(model.metadata)}
+
+
+def local_run(args: argparse.Namespace) -> None:
+    """Runs the manifest's job here, every task a local process, and prints where the model and publication are."""
+    from trainer.storage.publish import latest
+
+    job = load(args.manifest)
+    _warn(job)
+    root = os.path.abspath(args.output_dir)
+    paths = local_paths(job, _mounts(args.mount), os.path.join(root, "volumes"))
+    job = for_this_machine(job, paths)
+    arguments = {}
+    if args.publish_uri:
+        arguments["publish_uri"] = args.publish_uri if "://" in args.publish_uri else os.path.abspath(args.publish_uri)
+    saved_model = _rewrite(args.saved_model, paths) if args.saved_model else ""
+    result = run_job_locally(job, os.path.join(root, "pipeline"), saved_model, **arguments)
+    print(f"run took {result['seconds']} s")
+    print(f"model: {result['model']}")
+    if args.publish_uri:
+        published = latest(arguments["publish_uri"])
+        print(f"published: version {published.version} at {published.path}" if published else "published: nothing")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: a manifest and one action."""
+    parser = argparse.ArgumentParser(prog="pipelines/tfjob.py", description=__doc__.splitlines()[0])
+    parser.add_argument("manifest", help="a kubeflow.org/v1 TFJob manifest (YAML)")
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--compile", action="store_true", help="write the pipeline YAML")
+    action.add_argument("--local", action="store_true", help="run the job here with kfp.local")
+    parser.add_argument("--image", help="--compile: the image this project's own steps run in")
+    parser.add_argument("--output", default="tfjob_pipeline.yaml", help="--compile: the YAML file")
+    parser.add_argument(
+        "--saved-model",
+        default="",
+        help="where the chief's command writes its SavedModel, a path in its container (default "
+        "$(MODEL_DIR)/saved_model); it becomes the pipeline's model and what publishing copies",
+    )
+    parser.add_argument(
+        "--mount",
+        action="append",
+        default=[],
+        metavar="PATH=HOST_DIR",
+        help="--local: the container path PATH is HOST_DIR here (repeatable); a claim's mount path not given is a "
+        "directory under --output-dir/volumes that every task shares",
+    )
+    parser.add_argument("--output-dir", default="out/tfjob", help="--local: where the run's files go")
+    parser.add_argument("--publish-uri", default="", help="--local: publish the chief's model here")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs one action; returns the exit code."""
+
+    def body() -> int:
+        args = build_parser().parse_args(argv)
+        if args.compile:
+            compile_job(args)
+        else:
+            local_run(args)
+        return 0
+
+    return run_cli(body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""A TFJob-era script through its converted pipeline (kfp.local, 2 workers): a worker killed in epoch 2 restarts in
+place with its peer, the run finishes and the chief's model is published."""
+
+import json
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.test_faults import Streamed, _env
+from trainer.command.record import JobRecord
+from trainer.storage.publish import latest
+
+EXAMPLE = ROOT / "pipelines" / "tfjob_example" / "tfjob.yaml"
+
+
+def _training_process(index: int) -> int | None:
+    """The pid of the example's train.py running as worker INDEX (read from its TF_CONFIG), if one runs."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if not any(part.endswith(b"tfjob_example/train.py") for part in cmdline):
+            continue
+        config = next((e[len(b"TF_CONFIG=") :] for e in environ if e.startswith(b"TF_CONFIG=")), b"{}")
+        if json.loads(config).get("task", {}).get("index") == index and cmdline[0] != b"" and b"-m" not in cmdline:
+            return int(pid)
+    return None
+
+
+@pytest.fixture(scope="module")
+def killed_run(tmp_path_factory):
+    """The example's pipeline with worker 1's training process SIGKILLed once epoch 2 has started."""
+    base = tmp_path_factory.mktemp("command")
+    published = base / "published"
+    # The example's 5 epochs of the sample take seconds; 30 leave time to kill a worker in epoch 2.
+    manifest = base / "tfjob.yaml"
+    manifest.write_text(EXAMPLE.read_text().replace("--epochs=5", "--epochs=30"))
+    run = Streamed(
+        [
+            sys.executable, "-m", "pipelines.tfjob", str(manifest), "--local", "--mount", f"/app={ROOT}",
+            "--saved-model", "/train/saved_model", "--publish-uri", str(published), "--output-dir", str(base / "out"),
+        ],
+        _env(),
+    )  # fmt: skip
+    try:
+        run.wait_for(r"Epoch 2/30", 400)
+        pid = _training_process(1)
+        assert pid, "\n".join(run.lines[-40:])
+        os.kill(pid, signal.SIGKILL)
+        code = run.finish(600)
+    finally:
+        run.kill()
+    return code, run.lines, published, pid
+
+
+@pytest.mark.slow
+def test_a_killed_worker_restarts_in_place_with_its_peer_and_the_run_finishes(killed_run):
+    code, lines, _, pid = killed_run
+    output = "\n".join(lines)
+    assert code == 0, output[-5000:]
+    assert "worker 1: restart 1 of 2 in place (exit code 137)" in output, output[-5000:]
+    # The survivor's supervisor stops it (138), unless TensorFlow's own error reaches the script first (exit 1).
+    assert re.search(r"worker 0: restart 1 of 2 in place \(exit code (138|1)\)", output), output[-5000:]
+    assert not Path(f"/proc/{pid}").exists()
+
+
+@pytest.mark.slow
+def test_the_converted_job_publishes_the_chiefs_model_with_its_lineage(killed_run):
+    code, lines, published, _ = killed_run
+    assert code == 0
+    version = latest(str(published))
+    assert version is not None, "\n".join(lines[-40:])
+    assert (Path(version.path) / "saved_model.pb").is_file()
+    assert version.lineage["task"] == "worker:0"
+    assert version.lineage["command"][1].endswith("pipelines/tfjob_example/train.py")
+    assert version.metrics["accuracy"] >= 0.9, version.metrics
+    assert JobRecord.read(version.lineage["model_uri"]).restarts == 1, "the chief restarted once, in place"

@@ -1,0 +1,321 @@
+"""TFJob semantics as pure functions, the manifest reader's refusals, and the compiled pipeline of a TFJob."""
+
+import copy
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, run_module
+from trainer.command import run, tfjob
+from trainer.command.tfjob import JobSpec, Mount, Replica, SecretEnv, read_manifest
+from trainer.core.errors import UsageError
+
+EXAMPLE = ROOT / "pipelines" / "tfjob_example" / "tfjob.yaml"
+IMAGE = "registry.example.com/team/kfp-tf-multiworker:0.1.0"
+
+
+def _example():
+    return yaml.safe_load(EXAMPLE.read_text())
+
+
+def test_tf_config_is_the_operators_with_the_environment_key():
+    cluster = {"chief": ["j-chief-0:2222"], "worker": ["j-worker-0:2222", "j-worker-1:2222"]}
+    assert tfjob.tf_config(cluster, "worker", 1) == {
+        "cluster": {"chief": ["j-chief-0:2222"], "worker": ["j-worker-0:2222", "j-worker-1:2222"]},
+        "task": {"type": "worker", "index": 1},
+        "environment": "cloud",
+    }
+    assert run.job_cluster(["a:1", "b:1", "c:1"], chief=True) == {"chief": ["a:1"], "worker": ["b:1", "c:1"]}
+    assert run.job_cluster(["a:1", "b:1"], chief=False) == {"worker": ["a:1", "b:1"]}
+    with pytest.raises(UsageError, match="worker:2 is not in the cluster"):
+        tfjob.tf_config(cluster, "worker", 2)
+
+
+def test_commands_expand_variables_as_kubernetes_does():
+    env = {"MODEL_DIR": "/m", "A": "x"}
+    assert tfjob.expand("--out=$(MODEL_DIR)/saved", env) == "--out=/m/saved"
+    assert tfjob.expand("$$(A) $(A)$(A) $(UNSET) $A", env) == "$(A) xx $(UNSET) $A"
+
+
+def test_restart_policies_retry_what_the_operator_retried():
+    never, on_failure, exit_code = (tfjob.retryable(p) for p in ("Never", "OnFailure", "ExitCode"))
+    codes = [0, 1, 2, 126, 127, 128, 130, 137, 138, 139, 140, 143]
+    assert [c for c in codes if never(c)] == []
+    assert [c for c in codes if on_failure(c)] == [1, 2, 126, 127, 128, 130, 137, 138, 139, 140, 143]
+    assert [c for c in codes if exit_code(c)] == [130, 137, 138, 140, 143]
+    with pytest.raises(UsageError, match="'Sometimes' is not one of Never, OnFailure, ExitCode, Always"):
+        tfjob.retryable("Sometimes")
+
+
+def test_the_example_manifest_reads_into_its_job():
+    job = read_manifest(_example())
+    assert job == JobSpec(
+        name="multi-worker",
+        namespace="kubeflow-user-example-com",
+        replicas=(
+            Replica(
+                type="worker",
+                count=2,
+                image=IMAGE,
+                command=("python", "/app/pipelines/tfjob_example/train.py"),
+                args=(
+                    "--data_dir=/app/data/mnist-sample",
+                    "--saved_model_dir=/train/saved_model",
+                    "--checkpoint_dir=/train/checkpoint",
+                    "--metrics_file=$(MODEL_DIR)/metrics.json",
+                    "--epochs=5",
+                ),
+                env=(),
+                secret_env=(),
+                requests=(),
+                limits=(("cpu", "2"), ("memory", "4Gi")),
+                mounts=(Mount("strat-volume", "/train"),),
+                restart_policy="OnFailure",
+                port=2222,
+            ),
+        ),
+        warnings=(
+            "spec.runPolicy.cleanPodPolicy ('None'): every task deletes its own Service when its step ends and KFP "
+            "keeps or deletes pods by its own settings (the Workflow's pod GC); not applied",
+        ),
+    )
+
+
+def _unmappable():
+    manifest = _example()
+    spec = manifest["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]
+    spec["nodeSelector"] = {"pool": "gpu"}
+    spec["volumes"].append({"name": "host", "hostPath": {"path": "/data"}})
+    container = spec["containers"][0]
+    container["env"] = [
+        {"name": "A", "value": "1"},
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}},
+        {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "TF_CONFIG", "value": "{}"},
+    ]
+    container["resources"]["limits"]["nvidia.com/gpu"] = 1
+    spec["containers"].append({"name": "logger", "image": "fluentbit"})
+    manifest["spec"]["tfReplicaSpecs"]["PS"] = copy.deepcopy(manifest["spec"]["tfReplicaSpecs"]["Worker"])
+    manifest["spec"]["tfReplicaSpecs"]["Evaluator"] = {"replicas": 1}
+    return manifest
+
+
+def test_every_field_that_cannot_be_carried_over_is_named_in_one_refusal():
+    with pytest.raises(UsageError) as refused:
+        read_manifest(_unmappable())
+    message = str(refused.value)
+    assert message.startswith("TFJob multi-worker: 8 field(s) cannot be carried over: ")
+    for field in (
+        "spec.tfReplicaSpecs.Worker.template.spec.nodeSelector",
+        "spec.tfReplicaSpecs.Worker.template.spec.volumes[1] (host): a hostPath volume cannot be mapped",
+        "containers[0].env[2].valueFrom (NODE): ['fieldRef'] cannot be carried over",
+        "containers[0].env[3] (TF_CONFIG): TF_CONFIG is generated",
+        "resources.limits.nvidia.com/gpu",
+        "containers (logger): sidecar containers are not carried over",
+        "spec.tfReplicaSpecs.PS: parameter-server training of your own code is not supported yet",
+        "spec.tfReplicaSpecs.Evaluator: a side-car evaluator is not supported",
+    ):
+        assert field in message, field
+    assert "\n" not in message
+
+
+def test_a_secret_variable_and_a_chief_are_carried_over():
+    manifest = _example()
+    worker = manifest["spec"]["tfReplicaSpecs"]["Worker"]
+    worker["template"]["spec"]["containers"][0]["env"] = [
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}}
+    ]
+    manifest["spec"]["tfReplicaSpecs"] = {"Chief": {**copy.deepcopy(worker), "replicas": 1}, "Worker": worker}
+    job = read_manifest(manifest)
+    assert [(r.type, r.count) for r in job.replicas] == [("chief", 1), ("worker", 2)]
+    assert job.replica("chief").secret_env == (SecretEnv("TOKEN", "creds", "token"),)
+
+
+def test_the_task_environment_names_where_to_write_and_fits_the_cpu():
+    env = run.task_environment(
+        {"PATH": "/bin", "TF_NUM_INTRAOP_THREADS": "3"},
+        {"OUT": "$(MODEL_DIR)/x", "AFTER": "$(OUT)/y", "TF_USE_LEGACY_KERAS": "0"},
+        "/model",
+        "/ckpt",
+    )
+    assert env == {
+        "PATH": "/bin",
+        "MODEL_DIR": "/model",
+        "CHECKPOINT_DIR": "/ckpt",
+        "OUT": "/model/x",
+        "AFTER": "/model/x/y",
+        "TF_USE_LEGACY_KERAS": "0",
+        "TF_NUM_INTRAOP_THREADS": "3",
+        "TF_NUM_INTEROP_THREADS": "2",
+        "PYTHONUNBUFFERED": "1",
+    }
+    assert run.task_environment({}, {}, "/m", "/c")["TF_USE_LEGACY_KERAS"] == "1"
+
+
+def test_a_local_run_maps_container_paths_and_claims_to_this_machine(tmp_path):
+    from pipelines.tfjob import for_this_machine, local_paths
+
+    job = read_manifest(_example())
+    paths = local_paths(job, {"/app": "/repo"}, str(tmp_path / "volumes"))
+    assert paths == {"/app": "/repo", "/train": str(tmp_path / "volumes" / "strat-volume")}
+    job = for_this_machine(job, paths)
+    worker = job.replica("worker")
+    assert worker.command == (sys.executable, "/repo/pipelines/tfjob_example/train.py")
+    volume = tmp_path / "volumes" / "strat-volume"
+    assert worker.args[:3] == (
+        "--data_dir=/repo/data/mnist-sample",
+        f"--saved_model_dir={volume}/saved_model",
+        f"--checkpoint_dir={volume}/checkpoint",
+    )
+    assert volume.is_dir() and worker.mounts == ()
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tfjob") / "job.yaml"
+    result = run_module(
+        "pipelines.tfjob",
+        str(EXAMPLE),
+        "--compile",
+        "--image",
+        IMAGE,
+        "--saved-model",
+        "/train/saved_model",
+        "--output",
+        str(out),
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return result, list(yaml.safe_load_all(out.read_text()))
+
+
+def test_the_compiled_job_runs_each_worker_in_its_image_with_its_claim_and_limits(compiled):
+    result, (spec, platform) = compiled
+    assert "warning: spec.runPolicy.cleanPodPolicy ('None')" in result.stderr
+    assert spec["pipelineInfo"]["name"] == "tfjob-multi-worker"
+    executor = spec["deploymentSpec"]["executors"]["exec-run-command"]["container"]
+    assert executor["image"] == IMAGE
+    assert executor["resources"]["cpuLimit"] == 2.0 and executor["resources"]["memoryLimit"] == 4.294967296
+    pod = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-run-command"]
+    assert pod["pvcMount"] == [
+        {
+            "constant": "strat-volume",
+            "mountPath": "/train",
+            "pvcNameParameter": {"runtimeValue": {"constant": "strat-volume"}},
+        }
+    ]
+    assert pod["podMetadata"]["labels"]["sidecar.istio.io/inject"] == "false"
+    inputs = spec["root"]["inputDefinitions"]["parameters"]
+    assert inputs["port"]["defaultValue"] == 2222 and inputs["max_restarts"]["defaultValue"] == 2
+    loop = spec["root"]["dag"]["tasks"]["for-loop-1"]["componentRef"]["name"]
+    task = spec["components"][loop]["dag"]["tasks"]["run-command"]["inputs"]["parameters"]
+    assert task["command"]["runtimeValue"]["constant"] == [
+        "python",
+        "/app/pipelines/tfjob_example/train.py",
+        "--data_dir=/app/data/mnist-sample",
+        "--saved_model_dir=/train/saved_model",
+        "--checkpoint_dir=/train/checkpoint",
+        "--metrics_file=$(MODEL_DIR)/metrics.json",
+        "--epochs=5",
+    ]
+    assert task["saved_model"]["runtimeValue"]["constant"] == "/train/saved_model"
+
+
+def test_a_manifest_with_unmappable_fields_is_refused_with_one_line_and_nothing_written(tmp_path):
+    manifest = tmp_path / "bad.yaml"
+    manifest.write_text(yaml.safe_dump(_unmappable()))
+    out = tmp_path / "job.yaml"
+    result = run_module(
+        "pipelines.tfjob", str(manifest), "--compile", "--image", IMAGE, "--output", str(out), timeout=120
+    )
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "8 field(s) cannot be carried over" in errors[0]
+    assert not out.exists() and not Path(str(out) + ".tmp").exists()
+    assert os.listdir(tmp_path) == ["bad.yaml"]
+
+
+def _chief_and_workers():
+    manifest = _example()
+    worker = manifest["spec"]["tfReplicaSpecs"]["Worker"]
+    manifest["spec"]["tfReplicaSpecs"] = {"Chief": {**copy.deepcopy(worker), "replicas": 1}, "Worker": worker}
+    return manifest
+
+
+@pytest.mark.parametrize("manifest", [_example, _chief_and_workers], ids=["workers", "chief and workers"])
+def test_every_hand_off_of_a_compiled_job_has_the_type_its_component_declares(manifest, tmp_path):
+    """As the KFP backend's driver checks it (tests/test_typeflow.py): the task index arrives as an integer."""
+    from kfp import compiler
+
+    from pipelines.jobs import tfjob_pipeline
+    from tests.test_typeflow import type_flow
+
+    compiler.Compiler().compile(tfjob_pipeline(read_manifest(manifest()), IMAGE), str(tmp_path / "job.yaml"))
+    flows = type_flow(next(yaml.safe_load_all((tmp_path / "job.yaml").read_text())))
+    assert [f for f in flows if f[3] != f[4]] == []
+    indices = [(got, want) for _, task, name, got, want in flows if task.startswith("run-command") and name == "index"]
+    assert indices == [("NUMBER_INTEGER", "NUMBER_INTEGER")] * (2 if manifest is _chief_and_workers else 1)
+    assert {"publish-model", "create-job-cluster"} <= {task for _, task, *_ in flows}
+
+
+def _exits_with_one(tmp_path):
+    """A command that writes its pid, waits for `go`, and exits 1 (as a script whose collective failed does)."""
+    code = (
+        "import os, pathlib, sys, time\n"
+        f"d = pathlib.Path({str(tmp_path)!r})\n"
+        "(d / 'pid').write_text(str(os.getpid()))\n"
+        "while not (d / 'go').exists(): time.sleep(0.02)\n"
+        "sys.exit(1)\n"
+    )
+    return [sys.executable, "-c", code]
+
+
+def _gone(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("peer_fails", [True, False], ids=["its peer failed", "its peer runs on"])
+def test_under_exit_code_a_failure_beside_a_failed_peer_is_a_lost_peer(tmp_path, peer_fails):
+    """ExitCode makes 1 permanent; a command's 1 while a peer's supervisor reports its own failure is a lost peer."""
+    import threading
+
+    from trainer.cluster.control import Control
+    from trainer.cluster.local import free_ports
+    from trainer.cluster.supervisor import Supervisor
+    from trainer.core.errors import EXIT_PEER_UNAVAILABLE
+
+    ports = free_ports(2)
+    own, peer = Control(ports[0], [f"localhost:{ports[1]}"]), Control(ports[1], [f"localhost:{ports[0]}"])
+    peer.set(0, "running")
+    supervisor = Supervisor(
+        _exits_with_one(tmp_path),
+        dict(os.environ),
+        None,
+        startup_timeout=60,
+        control=own,
+        retryable=tfjob.retryable("ExitCode"),
+        blame_peers=True,
+    )
+    result = []
+    thread = threading.Thread(target=lambda: result.append(supervisor.run()))
+    try:
+        thread.start()
+        while not (tmp_path / "pid").exists():
+            thread.join(0.02)
+        pid = int((tmp_path / "pid").read_text())
+        (tmp_path / "go").touch()
+        while not _gone(pid):
+            thread.join(0.02)
+        if peer_fails:
+            peer.set(0, "failed")
+        thread.join(30)
+    finally:
+        own.close()
+        peer.close()
+    assert result == [EXIT_PEER_UNAVAILABLE if peer_fails else 1]

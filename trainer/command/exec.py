@@ -1,0 +1,29 @@
+"""`python -m trainer.command.exec CMD ARG...`: becomes CMD, set to die with the supervisor that started it.
+
+A user's command does not call `die_with_supervisor` itself; the kernel's parent-death signal survives `execve`, so
+this shim sets it and then replaces itself with the command (no TensorFlow import, a few milliseconds).
+"""
+
+import os
+import sys
+
+from trainer.cluster.supervisor import die_with_supervisor
+
+
+def main() -> int:
+    """Execs argv[1:] after arming the parent-death signal; exits 2 with one line when there is nothing to run."""
+    die_with_supervisor()
+    command = sys.argv[1:]
+    if not command:
+        print("error: no command given; usage: python -m trainer.command.exec CMD [ARG...]", file=sys.stderr)
+        return 2
+    try:
+        os.execvp(command[0], command)
+    except OSError as err:
+        print(f"error: cannot run {command[0]!r}: {err.strerror}", file=sys.stderr)
+        return 127
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""Runs a user's own command as one task of a TFJob-shaped cluster, under this project's supervisor.
+
+The task gets what TFJob gave it (TF_CONFIG as the operator built it, restarts by its replica's `restartPolicy`) and
+what this project adds: a Service per task and peer waits that name what is missing (Kubernetes mode), a start-up
+watchdog, prompt cancel on SIGTERM, restarts in place that every worker makes together (the control channel), and
+TensorFlow threads sized to the pod's CPU. Its environment also names where to write:
+
+- `MODEL_DIR`: this task's model directory (the step's Model artifact); the chief's SavedModel goes to
+  `saved_model` (default `$(MODEL_DIR)/saved_model`), and a `$(MODEL_DIR)/metrics.json` of numbers is recorded and
+  used by publishing;
+- `CHECKPOINT_DIR`: `checkpoint_dir` when set (a claim or a bucket every task shares), else a directory on the
+  task's own disk (kept across restarts in place, not across a lost pod; docs/migrate-from-tfjob.md).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from trainer.cluster import tf_config as cluster_lib
+from trainer.cluster.record import ClusterRecord
+from trainer.command import tfjob
+from trainer.command.record import JobRecord, reported_metrics
+from trainer.config import registry as settings
+from trainer.core import cpus
+from trainer.core.errors import TaskFailedError, UsageError
+from trainer.core.files import write_json
+
+log = logging.getLogger(__name__)
+
+MODEL_DIR_ENV = "MODEL_DIR"
+CHECKPOINT_DIR_ENV = "CHECKPOINT_DIR"
+DEFAULT_SAVED_MODEL = f"$({MODEL_DIR_ENV})/saved_model"
+WORKER_FILE = "worker.json"
+LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
+
+
+def job_cluster(addresses: Sequence[str], chief: bool) -> dict[str, list[str]]:
+    """The cluster spec of a job: the first address is the chief's when it has one, the rest are workers."""
+    if chief:
+        return {"chief": list(addresses[:1]), "worker": list(addresses[1:])}
+    return {"worker": list(addresses)}
+
+
+def create_job_cluster(
+    output_dir: str, run_id: str, chief: bool, num_workers: int, cluster_mode: str, port: int
+) -> ClusterRecord:
+    """Gives every task of a job an address and a control address and writes cluster.json (as `create_cluster`)."""
+    from trainer.cluster.local import free_ports
+    from trainer.k8s import objects as k8s
+
+    settings.check("cluster_mode", cluster_mode)
+    settings.check("port", port)
+    total = num_workers + (1 if chief else 0)
+    if cluster_mode == "local":
+        ports = free_ports(2 * total)
+        addresses = [f"localhost:{p}" for p in ports[:total]]
+        control = [f"localhost:{p}" for p in ports[total:]]
+    else:
+        addresses = k8s.task_addresses(run_id, total, k8s.namespace(), port)
+        control = [cluster_lib.next_port(a) for a in addresses]
+    record = ClusterRecord(job_cluster(addresses, chief), job_cluster(control, chief), cluster_mode)
+    record.write(output_dir)
+    return record
+
+
+def task_environment(
+    base: Mapping[str, str], user: Mapping[str, str], model_dir: str, checkpoint_dir: str
+) -> dict[str, str]:
+    """The command's environment, in the order a pod builds it.
+
+    `base`, then `MODEL_DIR` and `CHECKPOINT_DIR`, then the replica's own variables (each may use `$(NAME)` of those
+    before it), then `TF_USE_LEGACY_KERAS=1` and TensorFlow's thread counts sized to the CPU unless the replica set
+    them.
+    """
+    env = dict(base)
+    env[MODEL_DIR_ENV] = model_dir
+    env[CHECKPOINT_DIR_ENV] = checkpoint_dir
+    for name, value in user.items():
+        env[name] = tfjob.expand(value, env)
+    # tf.keras as tf-keras (Keras 2), as TFJob-era scripts wrote it: Keras 3's fit fails under
+    # MultiWorkerMirroredStrategy (keras-team/keras#20585). A replica may set it to 0.
+    env.setdefault(LEGACY_KERAS_ENV, "1")
+    threads = cpus.thread_counts(0, env)
+    env.setdefault(cpus.INTRA_ENV, str(threads.intra))
+    env.setdefault(cpus.INTER_ENV, str(threads.inter))
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _checkpoint_dir(checkpoint_dir: str, run_id: str) -> str:
+    """`checkpoint_dir` when set, else this run's directory on the task's own disk (shared by local tasks)."""
+    from trainer.k8s import objects as k8s
+
+    if checkpoint_dir:
+        return checkpoint_dir.replace("{run_id}", k8s.run_key(run_id))
+    return os.path.join(tempfile.gettempdir(), "tfjob-checkpoints", k8s.run_key(run_id))
+
+
+def _keep_model(model_dir: str, saved_model: str) -> None:
+    """Puts the chief's SavedModel at MODEL_DIR/saved_model, where evaluation, publishing and serving read it."""
+    target = os.path.join(model_dir, "saved_model")
+    if not os.path.isfile(os.path.join(saved_model, "saved_model.pb")):
+        raise UsageError(
+            f"the chief finished but wrote no SavedModel at {saved_model!r} (saved_model.pb is missing); write it "
+            f"there, or to $({MODEL_DIR_ENV})/saved_model"
+        )
+    if os.path.realpath(saved_model) != os.path.realpath(target):
+        shutil.copytree(saved_model, target, dirs_exist_ok=True)
+
+
+def command_task(
+    cluster_dir: str,
+    task_type: str,
+    index: int,
+    model_dir: str,
+    run_id: str,
+    command: Sequence[str],
+    env: Mapping[str, str],
+    restart_policy: str,
+    saved_model: str,
+    image: str,
+    startup_timeout: float,
+    unschedulable_timeout: float,
+    max_restarts: int,
+    checkpoint_dir: str,
+    cluster_mode: str,
+) -> dict[str, Any]:
+    """Runs `command` as task `task_type`:`index` of the run's job under the supervisor; returns the Model metadata.
+
+    Raises:
+        UsageError: a bad setting, or a chief that wrote no SavedModel; nothing was started or kept.
+        TaskFailedError: the command failed for good; its exit code is kept.
+    """
+    from trainer.cluster.control import Control
+    from trainer.cluster.peers import unreachable
+    from trainer.cluster.supervisor import Supervisor
+    from trainer.k8s import discovery
+
+    for name, value in (
+        ("startup_timeout", startup_timeout),
+        ("unschedulable_timeout", unschedulable_timeout),
+        ("max_restarts", max_restarts),
+        ("checkpoint_dir", checkpoint_dir),
+        ("cluster_mode", cluster_mode),
+    ):
+        settings.check(name, value)
+    retryable = tfjob.retryable(restart_policy)
+    if not command:
+        raise UsageError("the command is empty; give the replica's command and args")
+    record = ClusterRecord.read(cluster_dir)
+    tf_config = tfjob.tf_config(record.cluster, task_type, index)
+    name = f"{task_type} {index}"
+    os.makedirs(model_dir, exist_ok=True)
+    environment = task_environment(os.environ, env, model_dir, _checkpoint_dir(checkpoint_dir, run_id))
+    argv = [tfjob.expand(part, environment) for part in command]
+    everyone = cluster_lib.tasks(record.cluster)
+    log.info("%s runs %s with TF_CONFIG %s", name, json.dumps(argv), json.dumps(tf_config))
+    control = None
+    if record.control and max_restarts:
+        own = record.control[task_type][index]
+        control = Control(
+            cluster_lib.split_address(own)[1], [a for job in record.control.values() for a in job if a != own]
+        )
+    kubernetes = cluster_mode == "kubernetes"
+    position = (
+        discovery.join_cluster(record.cluster, task_type, index, run_id, startup_timeout, unschedulable_timeout)
+        if kubernetes
+        else None
+    )
+    supervisor = Supervisor(
+        [sys.executable, "-m", "trainer.command.exec", *argv],
+        environment,
+        tf_config,
+        startup_timeout,
+        max_restarts,
+        control,
+        retryable=retryable,
+        formed=lambda: not unreachable(everyone),
+        blame_peers=True,
+    )
+    try:
+        code = supervisor.run()
+    finally:
+        if control:
+            control.close()
+        if kubernetes:
+            discovery.leave_cluster(run_id, position)
+    if code:
+        raise TaskFailedError(code)
+    chief = cluster_lib.is_chief(tf_config)
+    if not chief:
+        write_json(os.path.join(model_dir, WORKER_FILE), {"task": f"{task_type}:{index}", "chief": False})
+        return {"task": f"{task_type}:{index}", "chief": False}
+    _keep_model(model_dir, tfjob.expand(saved_model or DEFAULT_SAVED_MODEL, environment))
+    metrics = reported_metrics(model_dir)
+    JobRecord(run_id, f"{task_type}:{index}", tuple(argv), image, supervisor.restarts, metrics).write(model_dir)
+    return {"task": f"{task_type}:{index}", "chief": True, **metrics}
