@@ -213,45 +213,6 @@ def test_a_worker_container_killed_mid_training_fails_the_run_fast_naming_the_lo
     assert _no_container_left(client, image), "no container of the run is left"
 
 
-def test_a_tfjob_example_runs_in_containers_as_its_own_command_with_tfjobs_tf_config(cluster, capfd):
-    """The TFJob example converted: each worker a container running train.py unchanged, by Service name."""
-    import yaml
-    from kfp import local
-
-    from pipelines.jobs import tfjob_pipeline
-    from trainer.command.tfjob import read_manifest
-
-    client, network, stand_in, image = cluster
-    root = e2e_cluster.pipeline_root()
-    stand_in.api.calls.clear()
-    job = read_manifest(yaml.safe_load((Path(__file__).parents[1] / "pipelines/tfjob_example/tfjob.yaml").read_text()))
-    # kfp.local mounts no claims: each container's /train is its own, which the example needs only for restarts.
-    job = dataclasses.replace(job, replicas=tuple(dataclasses.replace(r, image=image, mounts=()) for r in job.replicas))
-    local.init(runner=e2e_cluster.docker_runner(network, stand_in), pipeline_root=str(root), raise_on_error=False)
-    started = time.monotonic()
-    result = tfjob_pipeline(job, image, "/train/saved_model")(
-        cluster_mode="kubernetes", publish_uri=str(root / "published")
-    )
-    seconds = time.monotonic() - started
-    logs = capfd.readouterr().out
-    assert result.output is not None, logs[-4000:]
-    configs = [json.loads(c) for c in re.findall(r"worker \d runs .*? with TF_CONFIG (\{.*\})$", logs, re.M)]
-    assert len(configs) == 2, logs[-3000:]
-    names = configs[0]["cluster"]["worker"]
-    assert all(re.fullmatch(r"tfw-r[0-9a-f]{10}-\d\.kubeflow-user-e2e\.svc:2222", n) for n in names), names
-    assert sorted(c["task"]["index"] for c in configs) == [0, 1]
-    assert all(c["environment"] == "cloud" and c["cluster"] == {"worker": names} for c in configs)
-    assert len(re.findall(r"replicas in sync: 2", logs)) == 2, "both ran the script and trained together"
-    latest = json.loads((root / "published" / "latest.json").read_text())
-    assert latest["lineage"]["command"][1] == "/app/pipelines/tfjob_example/train.py"
-    accuracy = latest["metrics"]["accuracy"]
-    assert accuracy >= 0.9 and (root / "published" / str(latest["version"]) / "saved_model.pb").is_file()
-    assert stand_in.api.items("services") == {}, "each task deleted its own Service"
-    assert _no_container_left(client, image), "no container of the run is left"
-    with capfd.disabled():
-        print(f"\ne2e TFJob example: {seconds:.0f}s, test accuracy {accuracy:.4f} (the script's own evaluation)")
-
-
 EXAMPLE_IMAGE = os.environ.get("KFP_TF_EXAMPLE_IMAGE", f"kfp-tf-diagnosis-example:{trainer.__version__}")
 
 
@@ -287,8 +248,15 @@ def test_the_tabular_example_trains_in_its_own_image_and_reaches_its_single_proc
         local.init(runner=e2e_cluster.docker_runner(network, stand_in), pipeline_root=str(root), raise_on_error=False)
         result = tfjob_pipeline(job, image)(cluster_mode="kubernetes", publish_uri=str(root / "published"))
         logs = capfd.readouterr().out
-        assert result.output is not None, logs[-4000:]
-        assert len(re.findall(r"replicas 2: test", logs)) == 2, logs[-3000:]
+        assert (root / "published" / "latest.json").is_file(), logs[-4000:]
+        assert result.output.path
+        configs = [json.loads(c) for c in re.findall(r"worker \d runs .*? with TF_CONFIG (\{.*\})$", logs, re.M)]
+        assert len(configs) == 2, logs[-3000:]
+        names = configs[0]["cluster"]["worker"]
+        assert all(re.fullmatch(r"tfw-r[0-9a-f]{10}-\d\.kubeflow-user-e2e\.svc:2222", n) for n in names), names
+        assert sorted(c["task"]["index"] for c in configs) == [0, 1], "TFJob's TF_CONFIG, by Service name"
+        assert all(c["environment"] == "cloud" and c["cluster"] == {"worker": names} for c in configs)
+        assert len(re.findall(r"replicas 2: test", logs)) == 2, "both ran the module and trained together"
         latest = json.loads((root / "published" / "latest.json").read_text())
         auc = latest["metrics"]["auc"]
         assert auc >= baseline - AUC_MARGIN, (auc, baseline)
