@@ -82,3 +82,52 @@ def test_the_converted_job_publishes_the_chiefs_model_with_its_lineage(killed_ru
     assert version.lineage["command"][1].endswith("pipelines/tfjob_example/train.py")
     assert version.metrics["accuracy"] >= 0.9, version.metrics
     assert JobRecord.read(version.lineage["model_uri"]).restarts == 1, "the chief restarted once, in place"
+
+
+_ONE_TASK = """
+import sys
+from trainer.cli import run_step
+from trainer.command.run import command_task, create_job_cluster
+
+cluster, model, script = sys.argv[1:4]
+run_step(
+    create_job_cluster, output_dir=cluster, run_id="r1", chief=False, num_workers=1, cluster_mode="local", port=2222
+)
+run_step(
+    command_task, cluster_dir=cluster, task_type="worker", index=0, model_dir=model, run_id="r1",
+    command=[sys.executable, script, "--data_dir=" + sys.argv[4], "--saved_model_dir=" + model + "/saved_model",
+             "--checkpoint_dir=" + model + ".ckpt", "--epochs=1000"],
+    env={}, restart_policy="OnFailure", saved_model="", image="local", startup_timeout=120.0,
+    unschedulable_timeout=120.0, max_restarts=2, checkpoint_dir="", cluster_mode="local",
+)
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_command_promptly_with_143_and_leaves_no_process(tmp_path):
+    """What KFP does to a cancelled run's pods: SIGTERM to the step, which stops the user's command and exits 143."""
+    task = Streamed(
+        [
+            sys.executable, "-c", _ONE_TASK, str(tmp_path / "cluster"), str(tmp_path / "model"),
+            str(EXAMPLE.parent / "train.py"), str(ROOT / "data" / "mnist-sample"),
+        ],
+        _env(),
+    )  # fmt: skip
+    try:
+        task.wait_for(r"Epoch 2/1000", 300)
+        pid = _training_process(0)
+        assert pid, "\n".join(task.lines[-30:])
+        task.proc.send_signal(signal.SIGTERM)
+        code = task.finish(60)
+    finally:
+        task.kill()
+    assert code == 143, "\n".join(task.lines[-30:])
+    assert _gone(pid), "the command did not outlive its supervisor"
+    assert "restart" not in "\n".join(task.lines), "a cancelled task is not restarted"
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
