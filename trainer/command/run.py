@@ -99,7 +99,7 @@ def _checkpoint_dir(checkpoint_dir: str, run_id: str) -> str:
     from trainer.k8s import objects as k8s
 
     if checkpoint_dir:
-        return checkpoint_dir.replace("{run_id}", k8s.run_key(run_id))
+        return checkpoint_dir
     return os.path.join(tempfile.gettempdir(), "tfjob-checkpoints", k8s.run_key(run_id))
 
 
