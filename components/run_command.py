@@ -96,26 +96,14 @@ def chief_model(models: Input[list[Model]], model: Output[Model], metrics: Outpu
     """Passes on the chief's model of a command-mode job and the metrics its command reported.
 
     Args:
-        models: every task's model; exactly one holds a SavedModel (the chief's).
+        models: every task's model; exactly one holds job.json (the chief's).
         model: the chief's model directory (saved_model/, job.json).
         metrics: the numbers the command wrote to $(MODEL_DIR)/metrics.json (none when it wrote none).
     """
-    import shutil
-
+    from trainer import steps
     from trainer.cli import run_step
-    from trainer.command.record import JobRecord
 
-    def pick():
-        import os
-
-        from trainer.core.errors import UsageError
-
-        chiefs = [m for m in models if os.path.isfile(os.path.join(m.path, JobRecord.FILE))]
-        if len(chiefs) != 1:
-            raise UsageError(f"expected exactly one chief model (job.json), found {len(chiefs)} of {len(models)}")
-        shutil.copytree(chiefs[0].path, model.path)
-        return chiefs[0].uri, JobRecord.read(model.path)
-
-    source, record = run_step(pick)
-    model.metadata.update({"source_uri": source, "task": record.task, "restarts": record.restarts})
+    paths = {m.path: m.uri for m in models}
+    chief, record = run_step(steps.job_model, model_dirs=list(paths), chief_copy=model.path)
+    model.metadata.update({"source_uri": paths[chief], "task": record.task, "restarts": record.restarts})
     metrics.metadata.update(record.metrics)

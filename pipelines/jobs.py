@@ -80,7 +80,7 @@ def tfjob_pipeline(
             image=replica.image,
             **every,
         )
-        return _task_pod(step(run, f"{replica.type}"), replica, pods)
+        return _task_pod(step(run, replica.type), replica, pods)
 
     def pipeline(
         cluster_mode: str,

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, run_module
+from trainer.cluster.tf_config import assign_addresses
 from trainer.command import run, tfjob
 from trainer.command.tfjob import JobSpec, Mount, Replica, SecretEnv, read_manifest
 from trainer.core.errors import UsageError
@@ -28,8 +29,8 @@ def test_tf_config_is_the_operators_with_the_environment_key():
         "task": {"type": "worker", "index": 1},
         "environment": "cloud",
     }
-    assert run.job_cluster(["a:1", "b:1", "c:1"], chief=True) == {"chief": ["a:1"], "worker": ["b:1", "c:1"]}
-    assert run.job_cluster(["a:1", "b:1"], chief=False) == {"worker": ["a:1", "b:1"]}
+    assert assign_addresses(["a:1", "b:1", "c:1"], 2, chief=True) == {"chief": ["a:1"], "worker": ["b:1", "c:1"]}
+    assert assign_addresses(["a:1", "b:1"], 2) == {"worker": ["a:1", "b:1"]}
     with pytest.raises(UsageError, match="worker:2 is not in the cluster"):
         tfjob.tf_config(cluster, "worker", 2)
 

@@ -19,6 +19,7 @@ from trainer.core.errors import TaskFailedError, UsageError
 from trainer.core.files import write_json
 
 if TYPE_CHECKING:
+    from trainer.command.record import JobRecord
     from trainer.evaluation.verdict import Verdict
     from trainer.storage.publish import Publication
 
@@ -144,6 +145,29 @@ def train_task(
     return {"task": f"{job}:{index}", "chief": chief, "strategy": config.cluster.strategy, "framework": "tensorflow"}
 
 
+def _the_chief(model_dirs: list[str], holds: str, what: str) -> str:
+    """The one model directory of `model_dirs` that holds `holds` (what only the chief writes).
+
+    Raises:
+        UsageError: none or several hold it.
+    """
+    chiefs = [d for d in model_dirs if os.path.exists(os.path.join(d, holds))]
+    if len(chiefs) != 1:
+        raise UsageError(f"expected exactly one {what}, found {len(chiefs)} of {len(model_dirs)}")
+    return chiefs[0]
+
+
+def job_model(model_dirs: list[str], chief_copy: str) -> tuple[str, JobRecord]:
+    """A command-mode job's chief model (the one with job.json) copied to `chief_copy`: its directory and record."""
+    import shutil
+
+    from trainer.command.record import JobRecord
+
+    chief = _the_chief(model_dirs, JobRecord.FILE, f"chief model ({JobRecord.FILE})")
+    shutil.copytree(chief, chief_copy)
+    return chief, JobRecord.read(chief_copy)
+
+
 def evaluate(dataset: str, model_dirs: list[str], report: str, chief_copy: str, min_accuracy: float) -> Verdict:
     """Evaluates the chief's exported SavedModel, runs the serving check, writes the HTML report, copies the model.
 
@@ -163,18 +187,14 @@ def evaluate(dataset: str, model_dirs: list[str], report: str, chief_copy: str, 
     from trainer.training.history import History
 
     gate = PublishConfig(min_accuracy=min_accuracy)
-    chiefs = [d for d in model_dirs if os.path.isdir(os.path.join(d, SAVED_MODEL_DIR))]
-    if len(chiefs) != 1:
-        raise UsageError(
-            f"expected exactly one worker model with a SavedModel, found {len(chiefs)} of {len(model_dirs)}"
-        )
-    history = History.read(chiefs[0])
-    results, images, probabilities = evaluation.evaluate_split(chiefs[0], dataset)
+    chief = _the_chief(model_dirs, SAVED_MODEL_DIR, "worker model with a SavedModel")
+    history = History.read(chief)
+    results, images, probabilities = evaluation.evaluate_split(chief, dataset)
     count = min(len(images), serving_check.EXAMPLES)
-    check = serving_check.run(os.path.join(chiefs[0], SAVED_MODEL_DIR), images[:count], probabilities[:count])
-    verdict = Verdict(results, gate.min_accuracy, check, chiefs[0])
+    check = serving_check.run(os.path.join(chief, SAVED_MODEL_DIR), images[:count], probabilities[:count])
+    verdict = Verdict(results, gate.min_accuracy, check, chief)
     write_html(report, verdict, history)
-    shutil.copytree(chiefs[0], chief_copy)
+    shutil.copytree(chief, chief_copy)
     return verdict
 
 
@@ -204,12 +224,14 @@ def publish_model(
     check_target(uri, store.endpoint)
     from trainer.command.record import JobRecord
 
-    command_mode = os.path.isfile(os.path.join(model_dir, JobRecord.FILE))
-    if command_mode and not os.path.isfile(os.path.join(model_dir, History.FILE)):
-        lineage = JobRecord.read(model_dir).lineage
+    # A command-mode chief writes job.json instead of history.json; without either, History.read says what is missing.
+    if os.path.isfile(os.path.join(model_dir, JobRecord.FILE)) and not os.path.isfile(
+        os.path.join(model_dir, History.FILE)
+    ):
+        record = JobRecord.read(model_dir)
     else:
-        lineage = History.read(model_dir).lineage
-    lineage = {**lineage, "model_uri": model_uri or model_dir}
+        record = History.read(model_dir)
+    lineage = {**record.lineage, "model_uri": model_uri or model_dir}
     return publish(os.path.join(model_dir, SAVED_MODEL_DIR), metrics, uri, lineage, store.endpoint, store.refused)
 
 

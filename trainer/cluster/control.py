@@ -85,6 +85,24 @@ class Control:
         self._thread = threading.Thread(target=self._serve, name="supervisor-control", daemon=True)
         self._thread.start()
 
+    @classmethod
+    def of_task(
+        cls,
+        spec: Mapping[str, Sequence[str]],
+        tf_config: Mapping[str, Any],
+        checkpoint: Callable[[], int] = lambda: 0,
+        send_checkpoint: Callable[[int, Any], None] | None = None,
+    ) -> Control:
+        """The control channel of the task `tf_config` names.
+
+        It serves on the task's address in `spec` (the supervisors' addresses, shaped like the cluster); every other
+        address of `spec` is a peer.
+        """
+        task = tf_config["task"]
+        own = spec[task["type"]][task["index"]]
+        peers = [address for job in spec.values() for address in job if address != own]
+        return cls(split_address(own)[1], peers, checkpoint, send_checkpoint)
+
     def _serve(self) -> None:
         while not self._stop.is_set():
             try:

@@ -35,7 +35,6 @@ from trainer.cluster.control import PEER_POLL_SECONDS, Control
 from trainer.cluster.peers import unreachable
 from trainer.cluster.resume import CheckpointHome, agree
 from trainer.cluster.tf_config import peers as peers_of
-from trainer.cluster.tf_config import split_address
 from trainer.core.errors import (
     EXIT_PEER_UNAVAILABLE,
     EXIT_STARTUP_TIMEOUT,
@@ -342,10 +341,7 @@ def supervise(
     home = None
     if control_spec and config.cluster.max_restarts and config.cluster.strategy == "multi_worker_mirrored":
         home = home_for(config, tf_config)
-        task = tf_config["task"]
-        own = control_spec[task["type"]][task["index"]]
-        peers = [a for job in control_spec.values() for a in job if a != own]
-        control = Control(split_address(own)[1], peers, home.epoch, home.send)
+        control = Control.of_task(control_spec, tf_config, home.epoch, home.send)
     try:
         return Supervisor(
             [sys.executable, "-m", "trainer.training.task"],

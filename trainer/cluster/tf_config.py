@@ -59,15 +59,21 @@ def make_cluster(workers: Sequence[str], chief: str | None = None, ps: Sequence[
     return validate_cluster(cluster)
 
 
-def assign_addresses(addresses: Sequence[str], num_workers: int, num_ps: int = 0) -> dict[str, list[str]]:
-    """A cluster spec from addresses listed in `task_order`: without ps all are workers, else chief, workers, ps."""
-    if not num_ps:
-        return {"worker": list(addresses[:num_workers])}
-    return {
-        "chief": list(addresses[:1]),
-        "worker": list(addresses[1 : num_workers + 1]),
-        "ps": list(addresses[num_workers + 1 : num_workers + 1 + num_ps]),
-    }
+def assign_addresses(
+    addresses: Sequence[str], num_workers: int, num_ps: int = 0, chief: bool = False
+) -> dict[str, list[str]]:
+    """A cluster spec from addresses listed in `task_order`.
+
+    The chief first (with ps, or when asked), then the workers, then the ps; without ps and chief all are workers.
+    """
+    cluster: dict[str, list[str]] = {}
+    first = 1 if chief or num_ps else 0
+    if first:
+        cluster["chief"] = list(addresses[:1])
+    cluster["worker"] = list(addresses[first : first + num_workers])
+    if num_ps:
+        cluster["ps"] = list(addresses[first + num_workers : first + num_workers + num_ps])
+    return cluster
 
 
 class Task(NamedTuple):

@@ -41,13 +41,6 @@ WORKER_FILE = "worker.json"
 LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
 
 
-def job_cluster(addresses: Sequence[str], chief: bool) -> dict[str, list[str]]:
-    """The cluster spec of a job: the first address is the chief's when it has one, the rest are workers."""
-    if chief:
-        return {"chief": list(addresses[:1]), "worker": list(addresses[1:])}
-    return {"worker": list(addresses)}
-
-
 def create_job_cluster(
     output_dir: str, run_id: str, chief: bool, num_workers: int, cluster_mode: str, port: int
 ) -> ClusterRecord:
@@ -65,7 +58,11 @@ def create_job_cluster(
     else:
         addresses = k8s.task_addresses(run_id, total, k8s.namespace(), port)
         control = [cluster_lib.next_port(a) for a in addresses]
-    record = ClusterRecord(job_cluster(addresses, chief), job_cluster(control, chief), cluster_mode)
+    record = ClusterRecord(
+        cluster_lib.assign_addresses(addresses, num_workers, chief=chief),
+        cluster_lib.assign_addresses(control, num_workers, chief=chief),
+        cluster_mode,
+    )
     record.write(output_dir)
     return record
 
@@ -162,12 +159,7 @@ def command_task(
     argv = [tfjob.expand(part, environment) for part in command]
     everyone = cluster_lib.tasks(record.cluster)
     log.info("%s runs %s with TF_CONFIG %s", name, json.dumps(argv), json.dumps(tf_config))
-    control = None
-    if record.control and max_restarts:
-        own = record.control[task_type][index]
-        control = Control(
-            cluster_lib.split_address(own)[1], [a for job in record.control.values() for a in job if a != own]
-        )
+    control = Control.of_task(record.control, tf_config) if record.control and max_restarts else None
     kubernetes = cluster_mode == "kubernetes"
     position = (
         discovery.join_cluster(record.cluster, task_type, index, run_id, startup_timeout, unschedulable_timeout)
