@@ -10,14 +10,16 @@ def publish_model(
     publish_uri: str,
     storage: str,
     s3_endpoint: str,
+    gate: str,
 ):
     """Publishes the model under publish_uri/<version>/ unless the model already published there is better.
 
-    Lineage (run, dataset, training parameters) comes from the model's own history.json.
+    Lineage (run, dataset, training parameters) comes from the model's own history.json; the gate's metric and
+    direction say which model is better.
 
     Args:
         model: the chief's model as the evaluate step passed it on.
-        metrics: the evaluate step's metrics (accuracy, loss).
+        metrics: the evaluate step's metrics (accuracy and loss, or the metrics a model_fn's model was compiled with).
         decision: what was decided and why (published version, or the better model already there), and the version
             latest.json names now (latest_version, latest_path): the one a deployment serves.
     """
@@ -34,6 +36,7 @@ def publish_model(
         model_uri=model.metadata.get("source_uri", model.uri),
         s3_endpoint=s3_endpoint,
         storage=storage,
+        gate=gate,
     )
     os.makedirs(os.path.dirname(decision.path), exist_ok=True)
     with open(decision.path, "w") as f:

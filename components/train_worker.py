@@ -9,6 +9,7 @@ def train_worker(
     worker_index: int,
     model: Output[Model],
     run_id: str,
+    model_fn: str,
     epochs: int,
     batch_size: int,
     learning_rate: float,
@@ -31,7 +32,8 @@ def train_worker(
         dataset: the prepared dataset from prepare_data.
         cluster: the run's cluster.json from create_cluster; TF_CONFIG is built from it and worker_index.
         worker_index: this worker's index in the cluster (0 is the chief).
-        model: on the chief, saved_model/ (serving signature on raw uint8 images), model.keras and history.json;
+        model: on the chief, saved_model/ (serving signature on raw uint8 images, or a model_fn's own inputs and
+            outputs), model.keras and history.json;
             on the other workers, only worker.json saying which worker this was. The chief also writes TensorBoard
             event files under tensorboard_dir when it is set.
     """
@@ -47,6 +49,7 @@ def train_worker(
             index=worker_index,
             model_dir=model.path,
             run_id=run_id,
+            model_fn=model_fn,
             epochs=epochs,
             batch_size=batch_size,
             learning_rate=learning_rate,

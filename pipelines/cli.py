@@ -134,6 +134,13 @@ def build_parser(action: str | None) -> argparse.ArgumentParser:
             )
         storage = parser.add_argument_group("storage (docs/storage.md)")
         storage.add_argument(
+            "--no-cache-data",
+            dest="cache_data",
+            action="store_false",
+            help="prepare the data again in every run, for a source whose data changes (your function, a rewritten "
+            "IDX location); default: KFP reuses the data an earlier run prepared from the same source",
+        )
+        storage.add_argument(
             "--storage",
             default="",
             choices=["", "kfp"],
@@ -180,6 +187,8 @@ def build_parser(action: str | None) -> argparse.ArgumentParser:
             default=settings.default("min_accuracy"),
             help="the quality gate before publishing",
         )
+        local.add_argument("--gate", default="", help=settings.help_text("gate"))
+        local.add_argument("--model-fn", default="", help=settings.help_text("model_fn"))
         local.add_argument("--publish-uri", default="", help="where a model that passes the gate is published")
         local.add_argument(
             "--tensorboard-dir", default="", help="where the chief writes TensorBoard event files (empty: none)"
@@ -265,10 +274,14 @@ def _local(args: argparse.Namespace) -> None:
         epochs=args.epochs,
         source=args.source,
         min_accuracy=args.min_accuracy,
+        gate=args.gate,
+        model_fn=args.model_fn,
         publish_uri=args.publish_uri,
         tensorboard_dir=args.tensorboard_dir,
     )
-    lines = [f"pipeline finished in {result['seconds']}s", f"test accuracy: {result['accuracy']:.4f}"]
+    lines = [f"pipeline finished in {result['seconds']}s", f"test metrics: {result['test metrics']}"]
+    if result["accuracy"] >= 0:
+        lines.append(f"test accuracy: {result['accuracy']:.4f}")
     names = ("serving check", "publish", "run", "model", "report", "tensorboard")
     lines += [f"{name}: {result[name]}" for name in names]
     # sys.stdout.write, not print: kfp.local leaves builtins.print patched to indent every line

@@ -50,26 +50,31 @@ class Store(NamedTuple):
     s3_endpoint: Any
 
 
-def _prepare(ops: Any, source: Any, max_train_examples: Any, max_test_examples: Any, num_shards: Any) -> Any:
+def _prepare(
+    ops: Any, settings: StorageSettings, source: Any, max_train_examples: Any, max_test_examples: Any, num_shards: Any
+) -> Any:
     prepared = ops.prepare_data(
         source=source, max_train_examples=max_train_examples, max_test_examples=max_test_examples, num_shards=num_shards
     )
-    return step(prepared, "prepare data", cache=True)
+    return step(prepared, "prepare data", cache=settings.cache_data)
 
 
 def _evaluate_and_publish(
     ops: Any,
     prepared: Any,
     models: Any,
-    min_accuracy: Any,
+    gate: tuple[Any, Any],
     publish_uri: Any,
     store: Store,
     settings: StorageSettings,
     serving: Serving,
 ) -> Outputs:
-    evaluation = ops.evaluate(dataset=prepared.outputs["dataset"], models=models, min_accuracy=min_accuracy)
+    min_accuracy, custom_gate = gate
+    evaluation = ops.evaluate(
+        dataset=prepared.outputs["dataset"], models=models, min_accuracy=min_accuracy, gate=custom_gate
+    )
     step(evaluation, "evaluate and check serving")
-    # evaluate decides (accuracy >= min_accuracy and the serving check passed), the pipeline routes: one condition
+    # evaluate decides (the gate and the serving check passed), the pipeline routes: one condition
     # on evaluate's Output, because kfp.local resolves no other named output in a condition.
     with dsl.If(evaluation.outputs["Output"] == "publish", name="quality gate and serving check"):
         with dsl.If(publish_uri != "", name="publish location set"):
@@ -79,6 +84,7 @@ def _evaluate_and_publish(
                 publish_uri=publish_uri,
                 storage=store.storage,
                 s3_endpoint=store.s3_endpoint,
+                gate=custom_gate,
             )
             with_storage_secret(with_namespace(step(published, "publish model")), settings)
             with dsl.If(serving.name != "", name="serving name set"):
@@ -123,7 +129,9 @@ def mirrored_pipeline(image: str, pods: PodSettings = DEFAULT_PODS, settings: St
         checkpoint_dir: str,
         checkpoint_claim: str,
         tensorboard_dir: str,
+        model_fn: str,
         min_accuracy: float,
+        gate: str,
         publish_uri: str,
         storage: str,
         s3_endpoint: str,
@@ -131,13 +139,14 @@ def mirrored_pipeline(image: str, pods: PodSettings = DEFAULT_PODS, settings: St
         serving_timeout: float,
         serving_runtime_version: str,
     ) -> Outputs:
-        """Multi-worker TensorFlow training of a CNN on MNIST-format data (MultiWorkerMirroredStrategy).
+        """Multi-worker TensorFlow training of a CNN on MNIST-format data, or of your own model (MultiWorkerMirrored).
 
+        Your own tf-keras model: model_fn; your own data: source fn:package.module:function.
         prepare data -> create cluster -> N training workers -> evaluate + serving check -> quality gate -> publish
         -> deploy to KServe.
         """
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
-        prepared = _prepare(ops, source, max_train_examples, max_test_examples, num_shards)
+        prepared = _prepare(ops, settings, source, max_train_examples, max_test_examples, num_shards)
         cluster = ops.create_cluster(run_id=run_id, num_workers=num_workers, cluster_mode=cluster_mode, port=port)
         with_namespace(step(cluster, "create cluster"))
         with dsl.ParallelFor(cluster.outputs["Output"], name="workers") as worker_index:
@@ -146,6 +155,7 @@ def mirrored_pipeline(image: str, pods: PodSettings = DEFAULT_PODS, settings: St
                 cluster=cluster.outputs["cluster"],
                 worker_index=worker_index,
                 run_id=run_id,
+                model_fn=model_fn,
                 epochs=epochs,
                 batch_size=batch_size,
                 learning_rate=learning_rate,
@@ -163,7 +173,8 @@ def mirrored_pipeline(image: str, pods: PodSettings = DEFAULT_PODS, settings: St
         serving = Serving(serving_name, serving_timeout, serving_runtime_version)
         models = dsl.Collected(worker.outputs["model"])
         store = Store(storage, s3_endpoint)
-        return _evaluate_and_publish(ops, prepared, models, min_accuracy, publish_uri, store, settings, serving)
+        gates = (min_accuracy, gate)
+        return _evaluate_and_publish(ops, prepared, models, gates, publish_uri, store, settings, serving)
 
     return dsl.pipeline(name=NAMES["multi_worker_mirrored"])(declare(pipeline, settings.overrides()))
 
@@ -192,6 +203,7 @@ def parameter_server_pipeline(
         status_uri: str,
         tensorboard_dir: str,
         min_accuracy: float,
+        gate: str,
         publish_uri: str,
         storage: str,
         s3_endpoint: str,
@@ -205,7 +217,7 @@ def parameter_server_pipeline(
         gate -> publish -> deploy to KServe.
         """
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
-        prepared = _prepare(ops, source, max_train_examples, max_test_examples, num_shards)
+        prepared = _prepare(ops, settings, source, max_train_examples, max_test_examples, num_shards)
         cluster = ops.create_ps_cluster(
             run_id=run_id, num_workers=num_workers, num_ps=num_ps, cluster_mode=cluster_mode, port=port
         )
@@ -238,7 +250,8 @@ def parameter_server_pipeline(
         serving = Serving(serving_name, serving_timeout, serving_runtime_version)
         models = dsl.Collected(chief.outputs["model"])
         store = Store(storage, s3_endpoint)
-        return _evaluate_and_publish(ops, prepared, models, min_accuracy, publish_uri, store, settings, serving)
+        gates = (min_accuracy, gate)
+        return _evaluate_and_publish(ops, prepared, models, gates, publish_uri, store, settings, serving)
 
     return dsl.pipeline(name=NAMES["parameter_server"])(declare(pipeline, settings.overrides()))
 

@@ -7,7 +7,8 @@ from typing import Any
 from pipelines.factories import mirrored_pipeline
 from trainer.config import registry as settings
 from trainer.config.checks import Check, is_int, require
-from trainer.storage.publish import latest
+from trainer.evaluation.gate import Gate
+from trainer.storage.publish import ACCURACY, latest
 from trainer.training.history import History
 
 LOCAL_MAX_WORKERS = 2
@@ -36,8 +37,9 @@ def run_local(output_dir: str, **arguments: Any) -> dict[str, Any]:
         **arguments: pipeline parameters; `cluster_mode` is local and `source` the shipped sample unless given.
 
     Returns:
-        accuracy, the serving check's result, the paths of the model and the report, the run's directory, the
-        seconds it took, what happened at the publish location, and where the TensorBoard event files are.
+        accuracy (-1.0: the model reports none), the test metrics, the serving check's result, the paths of the
+        model and the report, the run's directory, the seconds it took, what happened at the publish location,
+        and where the TensorBoard event files are.
     """
     from kfp import local
 
@@ -55,9 +57,12 @@ def run_local(output_dir: str, **arguments: Any) -> dict[str, Any]:
     outputs = mirrored_pipeline(LOCAL_IMAGE)(**arguments).outputs
     model = outputs["model"].path
     history = History.read(model)
+    bookkeeping = ("gate_threshold", "passed_gate", "serving_check_passed", "test_examples")
+    metrics = outputs["metrics"].metadata
     result = {
         "seconds": round(time.monotonic() - started, 1),
         "accuracy": outputs["accuracy"],
+        "test metrics": ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k not in bookkeeping),
         "serving check": outputs["report"].metadata["serving_check"],
         "model": model,
         "report": outputs["report"].path,
@@ -66,11 +71,14 @@ def run_local(output_dir: str, **arguments: Any) -> dict[str, Any]:
     }
     publish_uri = arguments.get("publish_uri", "")
     decision = outputs["report"].metadata["decision"]
-    result["publish"] = publish_summary(history.run_id, decision, outputs["metrics"].metadata, publish_uri)
+    gate = Gate.of(arguments.get("gate", ""), arguments.get("min_accuracy", settings.default("min_accuracy")))
+    result["publish"] = publish_summary(history.run_id, decision, metrics, publish_uri, gate)
     return result
 
 
-def publish_summary(run_id: str, decision: str, metrics: dict[str, Any], publish_uri: str) -> str:
+def publish_summary(
+    run_id: str, decision: str, metrics: dict[str, Any], publish_uri: str, gate: Gate = ACCURACY
+) -> str:
     """What the run did at the publish location: evaluate's decision, then the location itself (latest.json)."""
     if not publish_uri:
         return "not published: no publish location"
@@ -79,5 +87,7 @@ def publish_summary(run_id: str, decision: str, metrics: dict[str, Any], publish
     published = latest(publish_uri)
     if published is not None and published.lineage["run_id"] == run_id:
         return f"published version {published.version} at {published.path}"
-    known = f"{published.version} ({published.accuracy or 0:.4f})" if published else "(none)"
-    return f"not published: accuracy {metrics['accuracy']:.4f} is below the published version {known}"
+    name = gate.metric
+    known = f"{published.version} ({published.value(name) or 0:.4f})" if published else "(none)"
+    side = "below" if gate.higher_is_better else "above"
+    return f"not published: {name} {metrics[name]:.4f} is {side} the published version {known}"

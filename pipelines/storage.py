@@ -36,12 +36,16 @@ class StorageSettings:
         checkpoint_volume: a ReadWriteMany PersistentVolumeClaim mounted at /mnt/checkpoints on every training
             worker, for checkpoints that outlive every pod; it is the default of the checkpoint_claim parameter, so a
             run can name another claim; empty: no volume.
+        cache_data: whether KFP may reuse the data an earlier run prepared from the same source (the prepare step's
+            cache); off for data that changes behind the same source (your function, an IDX location that is
+            rewritten), so that every run reads it again.
     """
 
     storage: str = ""
     storage_secret: str = ""
     storage_secret_keys: str = KFP_KEYS
     checkpoint_volume: str = ""
+    cache_data: bool = True
 
     def __post_init__(self) -> None:
         settings.check("storage", self.storage)

@@ -28,6 +28,20 @@ def _component(name, **kwargs):
     return call
 
 
+def _evaluate(b, s, model, **settings):
+    """The evaluate component on `model` (a directory under b) with its outputs under b/out."""
+    return _component(
+        "evaluate",
+        dataset=Dataset(uri=s),
+        models=[Model(uri=str(b / model))],
+        metrics=Metrics(uri=str(b / "out" / "metrics")),
+        classification_metrics=Artifact(uri=str(b / "out" / "cm")),
+        report=Artifact(uri=str(b / "out" / "report")),
+        chief_model=Model(uri=str(b / "out" / "chief")),
+        **settings,
+    )
+
+
 def _deploy(b, out, **changes):
     settings = {"publish_uri": "gs://models/mnist", "serving_name": "mnist", "serving_timeout": 60.0, **changes}
     decision = Markdown(uri=str(b / "decision"), metadata={"latest_version": 7, "latest_path": "gs://models/mnist/7"})
@@ -108,6 +122,20 @@ PIPELINE_CASES = {
         *_pipeline("--local", "--min-accuracy", "1.5", "--output-dir", str(b / "out" / "run2"), out="run2"),
         "min_accuracy 1.5 is not allowed; allowed: a number from 0 to 1",
     ),
+    "local run gate without a direction": lambda b, s: (
+        *_pipeline("--local", "--gate", "auc>0.9", "--output-dir", str(b / "out" / "run3"), out="run3"),
+        "gate 'auc>0.9' is not allowed; allowed: empty (accuracy >= min_accuracy), or METRIC>=VALUE or METRIC<=VALUE",
+    ),
+    "local run model_fn without a function": lambda b, s: (
+        *_pipeline("--local", "--model-fn", "mymodel", "--output-dir", str(b / "out" / "run4"), out="run4"),
+        "model_fn 'mymodel' is not allowed; allowed: empty or package.module:function",
+    ),
+    "evaluate step gate without a bound": lambda b, s: (
+        _evaluate(b, s, "no-history", min_accuracy=0.5, gate="loss<="),
+        [],
+        "chief",
+        "gate 'loss<=' is not allowed; allowed: empty (accuracy >= min_accuracy)",
+    ),
     "run parameter out of range": lambda b, s: (
         *_pipeline("--run", "--image", IMAGE, "--host", "http://127.0.0.1:9", "--param", "epochs=0"),
         "epochs 0 is not allowed",
@@ -183,31 +211,13 @@ PIPELINE_CASES = {
         "learning_rate nan is not allowed",
     ),
     "evaluate step gate NaN": lambda b, s: (
-        _component(
-            "evaluate",
-            dataset=Dataset(uri=s),
-            models=[Model(uri=str(b / "not-a-model"))],
-            metrics=Metrics(uri=str(b / "out" / "metrics")),
-            classification_metrics=Artifact(uri=str(b / "out" / "cm")),
-            report=Artifact(uri=str(b / "out" / "report")),
-            chief_model=Model(uri=str(b / "out" / "chief")),
-            min_accuracy=math.nan,
-        ),
+        _evaluate(b, s, "not-a-model", min_accuracy=math.nan),
         [],
         "chief",
         "min_accuracy nan is not allowed",
     ),
     "evaluate step on a model without its history": lambda b, s: (
-        _component(
-            "evaluate",
-            dataset=Dataset(uri=s),
-            models=[Model(uri=str(b / "no-history"))],
-            metrics=Metrics(uri=str(b / "out" / "metrics")),
-            classification_metrics=Artifact(uri=str(b / "out" / "cm")),
-            report=Artifact(uri=str(b / "out" / "report")),
-            chief_model=Model(uri=str(b / "out" / "chief")),
-            min_accuracy=0.5,
-        ),
+        _evaluate(b, s, "no-history", min_accuracy=0.5),
         [],
         "chief",
         "/no-history' has no history.json; allowed: a directory the trainer's chief wrote",

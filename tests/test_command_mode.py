@@ -1,8 +1,6 @@
 """A TFJob-era script through its converted pipeline (kfp.local, 2 workers): a worker killed in epoch 2 restarts in
 place with its peer, the run finishes and the chief's model is published."""
 
-import json
-import os
 import re
 import signal
 import sys
@@ -11,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.test_faults import Streamed, _env
+from tests.test_faults import Streamed, _env, worker_process
 from trainer.command.record import JobRecord
 from trainer.storage.publish import latest
 
@@ -20,18 +18,11 @@ EXAMPLE = ROOT / "pipelines" / "tfjob_example" / "tfjob.yaml"
 
 def _training_process(index: int) -> int | None:
     """The pid of the example's train.py running as worker INDEX (read from its TF_CONFIG), if one runs."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if not any(part.endswith(b"tfjob_example/train.py") for part in cmdline):
-            continue
-        config = next((e[len(b"TF_CONFIG=") :] for e in environ if e.startswith(b"TF_CONFIG=")), b"{}")
-        if json.loads(config).get("task", {}).get("index") == index and cmdline[0] != b"" and b"-m" not in cmdline:
-            return int(pid)
-    return None
+
+    def script(argv):
+        return any(part.endswith(b"tfjob_example/train.py") for part in argv) and argv[0] != b"" and b"-m" not in argv
+
+    return worker_process(index, script)
 
 
 @pytest.fixture(scope="module")
@@ -49,14 +40,7 @@ def killed_run(tmp_path_factory):
         ],
         _env(),
     )  # fmt: skip
-    try:
-        run.wait_for(r"Epoch 2/30", 400)
-        pid = _training_process(1)
-        assert pid, "\n".join(run.lines[-40:])
-        os.kill(pid, signal.SIGKILL)
-        code = run.finish(600)
-    finally:
-        run.kill()
+    code, pid = run.kill_once(r"Epoch 2/30", lambda: _training_process(1))
     return code, run.lines, published, pid
 
 

@@ -265,3 +265,52 @@ def test_the_tabular_example_trains_in_its_own_image_and_reaches_its_single_proc
         client.images.remove(example, force=True)
     with capfd.disabled():
         print(f"\ne2e tabular example: test AUC {auc:.4f} on 2 workers, {baseline:.4f} in one process (same image)")
+
+
+def test_the_tabular_example_in_module_mode_trains_in_its_own_image_gated_on_auc(cluster, capfd):
+    """pipelines/tabular_example's `datasets` and `model` through our runner, evaluation, gate and publish, in pods
+    of the user's image; its baseline is our runner in one process in that image."""
+    import docker
+    from kfp import local
+
+    from tests.test_diagnosis_example import AUC_MARGIN
+    from tests.test_module_mode import EPOCHS, GLOBAL_BATCH
+
+    client, network, stand_in, image = cluster
+    try:
+        client.images.get(EXAMPLE_IMAGE)
+    except docker.errors.ImageNotFound:
+        pytest.fail(f"the engine has no image {EXAMPLE_IMAGE}: `make e2e` builds it")
+    single = (
+        "python -m trainer.prepare --source fn:diagnosis:datasets --output /tmp/d && "
+        f"python -m trainer.train --data /tmp/d --model-dir /tmp/m --model-fn diagnosis:model --epochs {EPOCHS} "
+        f"--batch-size {GLOBAL_BATCH} && python -m trainer.evaluate --model-dir /tmp/m --data /tmp/d"
+    )
+    output = client.containers.run(EXAMPLE_IMAGE, ["sh", "-c", single], remove=True, network_mode="none").decode()
+    baseline = float(re.search(r"^.*auc ([\d.]+).*$", output, re.M).group(1))
+    example = e2e_cluster.pod_image(client, EXAMPLE_IMAGE, stand_in)
+    try:
+        root = e2e_cluster.pipeline_root()
+        local.init(runner=e2e_cluster.docker_runner(network, stand_in), pipeline_root=str(root), raise_on_error=False)
+        outputs = mirrored_pipeline(example)(
+            cluster_mode="kubernetes",
+            num_workers=2,
+            epochs=int(EPOCHS),
+            source="fn:diagnosis:datasets",
+            model_fn="diagnosis:model",
+            gate="auc>=0.98",
+            publish_uri=str(root / "published"),
+        ).outputs
+        logs = capfd.readouterr().out
+        assert (root / "published" / "latest.json").is_file(), logs[-4000:]
+        assert outputs["serving_check"] == "passed", logs[-3000:]
+        latest = json.loads((root / "published" / "latest.json").read_text())
+        assert latest["lineage"]["model_fn"] == "diagnosis:model"
+        auc = latest["metrics"]["auc"]
+        assert auc >= baseline - AUC_MARGIN and latest["metrics"]["passed_gate"] == 1, (auc, baseline)
+        assert re.search(r"worker 1 joins the cluster \{\"worker\": \[\"tfw-r[0-9a-f]{10}-0\.kubeflow-user-e2e", logs)
+        assert stand_in.api.items("services") == {}, "each task deleted its own Service"
+    finally:
+        client.images.remove(example, force=True)
+    with capfd.disabled():
+        print(f"\ne2e module mode, tabular example: test AUC {auc:.4f} on 2 workers, {baseline:.4f} in one process")

@@ -17,6 +17,7 @@ from tests.conftest import ROOT, pipeline_spec
 WORKER_PARAMETERS = {
     "worker_index": 0,
     "run_id": "run-1",
+    "model_fn": "",
     "epochs": 1,
     "batch_size": 64,
     "learning_rate": 0.002,
@@ -132,7 +133,7 @@ def test_a_worker_takes_its_index_as_the_driver_delivers_it_and_evaluate_takes_t
     result, out = run_executor(
         spec,
         "evaluate",
-        {"min_accuracy": 0.5},
+        {"min_accuracy": 0.5, "gate": ""},
         {"dataset": worker_inputs["dataset"], "models": models},
         outputs,
         tmp_path,

@@ -66,6 +66,37 @@ class Streamed:
         if self.proc.poll() is None:
             self.proc.kill()
 
+    def kill_once(self, pattern, find_pid, timeout=400, finish=600):
+        """Once a line matches `pattern`, SIGKILLs the process `find_pid()` names; then waits for the end.
+
+        Returns:
+            (the run's exit code, the killed pid).
+        """
+        try:
+            self.wait_for(pattern, timeout)
+            pid = find_pid()
+            assert pid, "\n".join(self.lines[-40:])
+            os.kill(pid, signal.SIGKILL)
+            return self.finish(finish), pid
+        finally:
+            self.kill()
+
+
+def worker_process(index, command):
+    """The pid of a process whose command line passes `command(argv)` and whose TF_CONFIG is worker INDEX's."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if not command(argv):
+            continue
+        config = next((e[len(b"TF_CONFIG=") :] for e in environ if e.startswith(b"TF_CONFIG=")), b"{}")
+        if json.loads(config).get("task", {}).get("index") == index:
+            return int(pid)
+    return None
+
 
 @pytest.mark.slow
 def test_peer_that_dies_and_is_not_restarted_fails_the_survivor_naming_it(sample_data, tmp_path):

@@ -46,7 +46,7 @@ def test_local_pipeline_end_to_end_and_a_failed_gate_publishes_nothing(tmp_path)
     assert (model / "saved_model" / "saved_model.pb").is_file()
     history = History.read(str(model))
     assert history.workers == 2, "both workers trained together in one MultiWorkerMirroredStrategy cluster"
-    assert report.read_text().startswith("<!doctype html>") and f"Test accuracy {accuracy:.4f}" in report.read_text()
+    assert report.read_text().startswith("<!doctype html>") and f"test accuracy {accuracy:.4f}" in report.read_text()
     latest = json.loads((published / "latest.json").read_text())
     assert summary["publish"] == f"published version {latest['version']} at {published / str(latest['version'])}"
     assert (

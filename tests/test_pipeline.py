@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import IMAGE, ROOT
+from tests.conftest import IMAGE, ROOT, pipeline_spec
 
 EXECUTORS = {
     "exec-prepare-data",
@@ -153,6 +153,14 @@ def test_only_data_preparation_is_cached(spec):
     assert tasks["prepare-data"]["cachingOptions"] == {"enableCache": True}
     for name in ("create-cluster", "train-worker", "evaluate", "publish-model", "deploy-model"):
         assert not tasks[name]["cachingOptions"].get("enableCache"), name
+
+
+def test_data_that_changes_behind_its_source_can_be_prepared_again_in_every_run(capsys, tmp_path):
+    out = tmp_path / "fresh.yaml"
+    result = _cli(capsys, "--compile", "--image", IMAGE, "--no-cache-data", "--output", str(out))
+    assert result.returncode == 0, result.stderr
+    tasks = _tasks(pipeline_spec(out))
+    assert not tasks["prepare-data"]["cachingOptions"].get("enableCache")
 
 
 def test_evaluate_outputs_are_types_the_ui_renders(spec):

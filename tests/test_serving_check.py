@@ -14,6 +14,7 @@ import components
 from pipelines.local import publish_summary
 from trainer.data.tfrecords import read_arrays
 from trainer.evaluation import metrics as evaluate
+from trainer.evaluation.gate import Gate
 from trainer.evaluation.metrics import compute_metrics
 from trainer.evaluation.verdict import Verdict
 from trainer.modeling.cnn import build_model, serving_function
@@ -179,16 +180,19 @@ def test_the_decision_names_every_reason_to_hold():
     failed = ServingCheck(False, f"failed: {reason}", reason, (Check("signature", False, reason[11:]),), 8, 1.0)
     results = compute_metrics(np.array([[0.9, 0.1]] * 9 + [[0.1, 0.9]]), np.array([0] * 9 + [0]), ["a", "b"])
     assert results.accuracy == 0.9
-    assert Verdict(results, 0.95, failed).decision == (
+    assert Verdict(results, Gate.of("", 0.95), failed).decision == (
         "hold: accuracy 0.9000 is below the gate 0.9500; the serving check failed: signature: no serving_default "
         "signature; the model has []"
     )
     passed = dataclasses.replace(failed, passed=True, reason="", summary="passed: ...")
-    assert Verdict(results, 0.9, passed).decision == "publish"
-    assert Verdict(results, 0.9, passed).metrics() == {
+    assert Verdict(results, Gate.of("", 0.9), passed).decision == "publish"
+    assert Verdict(results, Gate.of("loss<=0.1", 0.9), passed).decision == (
+        f"hold: loss {results.loss:.4f} is above the gate 0.1000"
+    )
+    assert Verdict(results, Gate.of("", 0.9), passed).metrics() == {
         "accuracy": 0.9,
         "loss": results.loss,
-        "min_accuracy": 0.9,
+        "gate_threshold": 0.9,
         "passed_gate": 1,
         "serving_check_passed": 1,
         "test_examples": 10,

@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line of trainer-prepare (the data settings of the contract)."""
     parser = Parser(
         prog="trainer-prepare",
-        description="Prepare an image-classification dataset as TFRecord shards + metadata.json.",
+        description="Prepare a dataset (images as TFRecord shards, or your function's splits saved by tf.data).",
     )
     parser.add_argument(
         "--output", required=True, help="output directory (local path or tf.io.gfile URI); replaced atomically"

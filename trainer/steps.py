@@ -38,12 +38,14 @@ def prepare_data(
         source=source, max_train_examples=max_train_examples, max_test_examples=max_test_examples, num_shards=num_shards
     )
     meta = prepare.run(data, output)
-    return {
+    counts = {
         "source": source,
         "train_examples": meta["splits"]["train"]["num_examples"],
         "test_examples": meta["splits"]["test"]["num_examples"],
-        "num_classes": meta["num_classes"],
     }
+    if "num_classes" in meta:
+        counts["num_classes"] = meta["num_classes"]
+    return counts
 
 
 def create_cluster(
@@ -168,31 +170,48 @@ def job_model(model_dirs: list[str], chief_copy: str) -> tuple[str, JobRecord]:
     return chief, JobRecord.read(chief_copy)
 
 
-def evaluate(dataset: str, model_dirs: list[str], report: str, chief_copy: str, min_accuracy: float) -> Verdict:
-    """Evaluates the chief's exported SavedModel, runs the serving check, writes the HTML report, copies the model.
+def evaluate(
+    dataset: str, model_dirs: list[str], report: str, chief_copy: str, min_accuracy: float, gate: str = ""
+) -> Verdict:
+    """Evaluates the chief's model, runs the serving check, writes the HTML report, copies the model.
 
-    The serving check (`trainer.serving.check`) serves the SavedModel in a fresh process the way TF Serving does
-    and compares its answers for the first held-out images with the evaluation's.
+    The built-in CNN's exported SavedModel is evaluated on the held-out images (accuracy, loss, per class); a
+    model_fn's model reports the metrics it was compiled with. The serving check (`trainer.serving.check`) serves the
+    SavedModel in a fresh process the way TF Serving does and compares its answers for the first held-out examples
+    with the evaluation's.
 
     Returns:
         The verdict: the results, the gate, the serving check, and so the publish decision.
+
+    Raises:
+        UsageError: the gate names a metric the evaluation does not report.
     """
     import shutil
 
     from trainer.evaluation import metrics as evaluation
+    from trainer.evaluation.gate import Gate
+    from trainer.evaluation.model_metrics import evaluate_model
     from trainer.evaluation.report import write_html
     from trainer.evaluation.verdict import Verdict
     from trainer.modeling.export import SAVED_MODEL_DIR
     from trainer.serving import check as serving_check
     from trainer.training.history import History
 
-    gate = PublishConfig(min_accuracy=min_accuracy)
+    settings = PublishConfig(min_accuracy=min_accuracy, gate=gate)
+    bar = Gate.of(settings.gate, settings.min_accuracy)
     chief = _the_chief(model_dirs, SAVED_MODEL_DIR, "worker model with a SavedModel")
     history = History.read(chief)
-    results, images, probabilities = evaluation.evaluate_split(chief, dataset)
-    count = min(len(images), serving_check.EXAMPLES)
-    check = serving_check.run(os.path.join(chief, SAVED_MODEL_DIR), images[:count], probabilities[:count])
-    verdict = Verdict(results, gate.min_accuracy, check, chief)
+    saved_model = os.path.join(chief, SAVED_MODEL_DIR)
+    if history.model_fn:
+        results, sample = evaluate_model(chief, dataset, serving_check.EXAMPLES)
+        bar.value(results.scalars())
+        check = serving_check.run_outputs(saved_model, sample.features, sample.predictions)
+    else:
+        results, images, probabilities = evaluation.evaluate_split(chief, dataset)
+        bar.value(results.scalars())
+        count = min(len(images), serving_check.EXAMPLES)
+        check = serving_check.run(saved_model, images[:count], probabilities[:count])
+    verdict = Verdict(results, bar, check, chief)
     write_html(report, verdict, history)
     shutil.copytree(chief, chief_copy)
     return verdict
@@ -205,19 +224,22 @@ def publish_model(
     model_uri: str = "",
     s3_endpoint: str = "",
     storage: str = "",
+    gate: str = "",
 ) -> Publication:
     """Publishes the model behind the gate unless a better one is published; lineage comes from its history.json.
 
-    `{namespace}` in `publish_uri` is this pod's namespace; `storage` `kfp` publishes to KFP's own object store.
+    `{namespace}` in `publish_uri` is this pod's namespace; `storage` `kfp` publishes to KFP's own object store; the
+    gate's metric and direction (`gate`, else accuracy) say which of two models is better.
     """
     from trainer.config.contract import StorageConfig
+    from trainer.evaluation.gate import Gate
     from trainer.k8s import objects as k8s
     from trainer.modeling.export import SAVED_MODEL_DIR
     from trainer.storage import kfp as kfpstore
     from trainer.storage.publish import check_target, publish
     from trainer.training.history import History
 
-    target = PublishConfig(publish_uri=publish_uri)
+    target = PublishConfig(publish_uri=publish_uri, gate=gate)
     namespace = k8s.namespace_if_pod()
     uri = kfpstore.expand(target.publish_uri, namespace)
     store = kfpstore.store(StorageConfig(storage=storage, s3_endpoint=s3_endpoint), namespace)
@@ -232,7 +254,15 @@ def publish_model(
     else:
         record = History.read(model_dir)
     lineage = {**record.lineage, "model_uri": model_uri or model_dir}
-    return publish(os.path.join(model_dir, SAVED_MODEL_DIR), metrics, uri, lineage, store.endpoint, store.refused)
+    return publish(
+        os.path.join(model_dir, SAVED_MODEL_DIR),
+        metrics,
+        uri,
+        lineage,
+        store.endpoint,
+        store.refused,
+        Gate.of(target.gate, target.min_accuracy),
+    )
 
 
 def deploy_model(

@@ -1,4 +1,4 @@
-"""`trainer-train`: train the CNN on prepared shards, alone or as one task of a TF_CONFIG cluster.
+"""`trainer-train`: train the CNN (or your model_fn) on a prepared dataset, alone or as one task of a TF_CONFIG cluster.
 
     TF_CONFIG='{"cluster": {"worker": ["host0:2222", "host1:2222"]}, "task": {"type": "worker", "index": 0}}' \\
         trainer-train --data /tmp/mnist --model-dir /tmp/model
@@ -19,13 +19,21 @@ from typing import Any
 from trainer.cli import run_cli
 from trainer.cluster import control
 from trainer.cluster import tf_config as cluster_lib
-from trainer.config.contract import ClusterConfig, DataConfig, OptimConfig, RuntimeConfig, TrainConfig
+from trainer.config.contract import (
+    ClusterConfig,
+    DataConfig,
+    ModelConfig,
+    OptimConfig,
+    RuntimeConfig,
+    TrainConfig,
+)
 from trainer.config.flags import Parser, add_settings, settings_from
 from trainer.core.errors import UsageError
 
 SETTINGS = {
     "data and model": (
         "data_dir",
+        "model_fn",
         "model_dir",
         "checkpoint_dir",
         "run_id",
@@ -52,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line of trainer-train: the contract's training settings and the cluster wiring."""
     parser = Parser(
         prog="trainer-train",
-        description="Train the CNN on prepared shards, alone or as one task of a TF_CONFIG cluster.",
+        description="Train the CNN (or --model-fn) on a prepared dataset, alone or as one task of a TF_CONFIG cluster.",
     )
     for title, names in SETTINGS.items():
         add_settings(parser.add_argument_group(title), names)
@@ -72,6 +80,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(
         runtime=settings_from(args, RuntimeConfig),
         data=settings_from(args, DataConfig),
+        model=settings_from(args, ModelConfig),
         optim=settings_from(args, OptimConfig),
         cluster=settings_from(args, ClusterConfig),
     )

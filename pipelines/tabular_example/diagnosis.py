@@ -7,6 +7,11 @@ multi-worker guide does: Keras 3's `fit` fails under MultiWorkerMirroredStrategy
 diagnostic data set that scikit-learn ships (569 tumours, 212 malignant): nothing is downloaded.
 
     python diagnosis.py --model_dir /tmp/diagnosis --checkpoint_dir /tmp/diagnosis-ckpt    # the baseline
+
+The same module also runs in module mode, where this project's runner trains and evaluates the model and its
+pipeline gates, serves, publishes and deploys it: `datasets` and `model` are all it needs.
+
+    python pipelines/mnist.py --local --source fn:diagnosis:datasets --model-fn diagnosis:model --gate 'auc>=0.98'
 """
 
 import argparse
@@ -51,6 +56,23 @@ def build_model(num_features):
         metrics=[keras.metrics.AUC(name="auc"), "accuracy"],
     )
     return model
+
+
+SEED = 7
+
+
+def datasets(split):
+    """Module mode's data (source fn:diagnosis:datasets): split 'train' or 'test' as (measurements, label) pairs."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split {split!r}; allowed: train, test")
+    x_train, y_train, x_test, y_test = load_data(SEED)
+    features, labels = (x_train, y_train) if split == "train" else (x_test, y_test)
+    return tf.data.Dataset.from_tensor_slices((features, labels))
+
+
+def model(features):
+    """Module mode's model (model_fn diagnosis:model) for the features' spec: one example's 30 measurements."""
+    return build_model(features.shape[0])
 
 
 def is_chief(resolver):
@@ -101,5 +123,5 @@ if __name__ == "__main__":
     parser.add_argument("--checkpoint_dir", default=os.environ.get("CHECKPOINT_DIR", "checkpoints"))
     parser.add_argument("--epochs", type=int, default=40)
     parser.add_argument("--batch_size_per_replica", type=int, default=16)
-    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--seed", type=int, default=SEED)
     main(parser.parse_args())

@@ -15,7 +15,13 @@ from typing import Any
 
 from trainer.core.errors import UsageError
 
-SOURCE_FORMS = "'sample', 'idx:DIR_OR_URI', or a TFDS name such as 'mnist' or 'tfds:fashion_mnist'"
+SOURCE_FORMS = (
+    "'sample', 'idx:DIR_OR_URI', a TFDS name such as 'mnist' or 'tfds:fashion_mnist', or 'fn:package.module:function'"
+)
+FUNCTION_FORM = "package.module:function (a function importable in the image)"
+_FUNCTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+_GATE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=)\s*([-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?)\s*$")
+GATE_FORM = "empty (accuracy >= min_accuracy), or METRIC>=VALUE or METRIC<=VALUE such as 'auc>=0.98' or 'loss<=0.1'"
 _DNS_SUBDOMAIN = re.compile(r"^$|^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _SERVING_NAME = re.compile(r"^([a-z]([-a-z0-9]*[a-z0-9])?)?$")
 _IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
@@ -118,7 +124,20 @@ def is_source(value: Any) -> bool:
         return False
     if value == "sample" or (value.startswith("idx:") and len(value) > 4):
         return True
+    if value.startswith("fn:"):
+        return is_function(value[3:])
     return bool(_TFDS_NAME.match(value[5:] if value.startswith("tfds:") else value))
+
+
+def is_function(value: Any) -> bool:
+    """Whether `value` names a function as `package.module:function`."""
+    return isinstance(value, str) and bool(_FUNCTION.match(value))
+
+
+def parse_gate(value: str) -> tuple[str, str, float] | None:
+    """A gate's metric, comparison (`>=` or `<=`) and threshold; None when `value` is not one."""
+    match = _GATE.match(value) if isinstance(value, str) else None
+    return (match.group(1), match.group(2), float(match.group(3))) if match else None
 
 
 def dns_subdomain_or_empty(what: str) -> Check:

@@ -15,6 +15,8 @@ from typing import Any
 
 from trainer.config.checks import (
     FLAG,
+    FUNCTION_FORM,
+    GATE_FORM,
     SOURCE_FORMS,
     Check,
     Checked,
@@ -23,12 +25,14 @@ from trainer.config.checks import (
     dns_subdomain_or_empty,
     image_tag,
     int_between,
+    is_function,
     is_source,
     kserve_name_or_empty,
     location,
     non_empty,
     number_between,
     one_of,
+    parse_gate,
     setting,
     text,
 )
@@ -47,8 +51,10 @@ class DataConfig(Checked):
     source: str = setting(
         "tfds:mnist",
         "where the data comes from: 'sample' (the MNIST digits shipped in the image), "
-        "'idx:DIR_OR_URI' (MNIST-format IDX files at a local path or a tf.io.gfile URI), or a TFDS "
-        "name such as 'mnist' or 'tfds:fashion_mnist'",
+        "'idx:DIR_OR_URI' (MNIST-format IDX files at a local path or a tf.io.gfile URI), a TFDS "
+        "name such as 'mnist' or 'tfds:fashion_mnist', or 'fn:package.module:function', your own function that "
+        "returns split 'train' or 'test' as a finite tf.data.Dataset of unbatched (features, label) pairs, "
+        "called once per split when the data is prepared (train it with model_fn)",
         check=Check(is_source, SOURCE_FORMS),
     )
     max_train_examples: int = setting(0, "keep only the first N training examples; 0 keeps all", check=at_least(0))
@@ -69,6 +75,20 @@ class DataConfig(Checked):
     )
     shuffle_buffer: int = setting(10_000, "examples in the training shuffle buffer", check=at_least(1))
     seed: int = setting(42, "seed of the weights, the shuffles and dropout", check=at_least(0))
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig(Checked):
+    """Which model is trained."""
+
+    model_fn: str = setting(
+        "",
+        "your own model: 'package.module:function' called with the features' tf.TensorSpec (one example, no batch "
+        "dimension) that returns a compiled tf-keras model (its optimizer, loss and metrics are used; learning_rate "
+        "is not); evaluation reports the metrics it was compiled with; multi_worker_mirrored only; empty: the "
+        "built-in CNN for image classification",
+        check=Check(lambda v: v == "" or is_function(v), f"empty or {FUNCTION_FORM}"),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,7 +250,16 @@ class PublishConfig(Checked):
     """The quality gate and where a model that passes it is published."""
 
     min_accuracy: float = setting(
-        0.95, "the quality gate: a model below this test accuracy is not published", check=number_between(0, 1)
+        0.95,
+        "the quality gate when gate is empty: a model below this test accuracy is not published",
+        check=number_between(0, 1),
+    )
+    gate: str = setting(
+        "",
+        "the quality gate on any metric the evaluation reports, with its direction: 'METRIC>=VALUE' (accuracy, "
+        "auc, ...) or 'METRIC<=VALUE' (loss, ...); the same metric and direction decide whether a model is better "
+        "than the one published; empty: accuracy >= min_accuracy",
+        check=Check(lambda v: v == "" or parse_gate(v) is not None, GATE_FORM),
     )
     publish_uri: str = setting(
         "",
@@ -289,10 +318,11 @@ class ServingConfig(Checked):
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """Everything one training task needs, in the five groups of the contract it uses."""
+    """Everything one training task needs, in the six groups of the contract it uses."""
 
     runtime: RuntimeConfig
     data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
     optim: OptimConfig = OptimConfig()
     cluster: ClusterConfig = ClusterConfig()
     storage: StorageConfig = StorageConfig()
@@ -347,6 +377,7 @@ def _by_group(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
 GROUPS: dict[str, type] = {
     "runtime": RuntimeConfig,
     "data": DataConfig,
+    "model": ModelConfig,
     "optim": OptimConfig,
     "cluster": ClusterConfig,
     "storage": StorageConfig,

@@ -1,11 +1,41 @@
-"""Input pipelines: a worker's share of the prepared shards as `tf.data` datasets for training and evaluation."""
+"""Input pipelines: a worker's share of the prepared dataset as `tf.data` datasets for training and evaluation.
+
+A prepared dataset is either TFRecord shards of uint8 images (fed as float32) or the splits of your own function
+saved by tf.data (`trainer.data.functions`, fed as the function returned them).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from trainer.config.contract import DataConfig
+from trainer.data import functions
 from trainer.data.tfrecords import decode_fn, shard_paths
+
+
+def _as_float(images: Any, labels: Any) -> tuple[Any, Any]:
+    import tensorflow as tf
+
+    return tf.cast(images, tf.float32), labels
+
+
+def _nothing(*_: Any) -> bool:
+    return False
+
+
+def examples(data_dir: str, meta: dict[str, Any], split: str) -> Any:
+    """A whole split, unbatched, as training feeds it: `(features, label)` pairs (images as float32)."""
+    import tensorflow as tf
+
+    if functions.is_saved(meta):
+        return functions.load_split(data_dir, meta, split)
+    records = tf.data.TFRecordDataset(shard_paths(data_dir, meta, split))
+    return records.map(decode_fn(tuple(meta["image_shape"]))).map(_as_float)
+
+
+def features_spec(data_dir: str, meta: dict[str, Any]) -> Any:
+    """The `tf.TensorSpec` (or dict of them) of one example's features as training feeds them."""
+    return examples(data_dir, meta, "train").element_spec[0]
 
 
 def _options(deterministic: bool, threads: int) -> Any:
@@ -51,29 +81,37 @@ def train_dataset(
         threads: the size of tf.data's thread pool (0: tf.data's default).
 
     Returns:
-        An endless dataset of `(float32 images, int64 labels)` global batches.
+        An endless dataset of `(float32 images, int64 labels)` global batches, or of the saved function's
+        `(features, label)` pairs batched.
     """
     import tensorflow as tf
 
-    files = shard_paths(data_dir, meta, "train")
-    by_file = workers > 1 and len(files) % workers == 0
-    names = tf.data.Dataset.from_tensor_slices(files)
-    if by_file:
-        names = names.shard(workers, rank)
-    records = names.interleave(
-        tf.data.TFRecordDataset, cycle_length=len(files), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
-    )
-    records = records.map(
-        decode_fn(tuple(meta["image_shape"])), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
-    )
-    if workers > 1 and not by_file:
-        records = records.shard(workers, rank)
+    saved = functions.is_saved(meta)
+    if saved:
+        records = functions.load_split(data_dir, meta, "train")
+        if workers > 1:
+            records = records.shard(workers, rank)
+    else:
+        files = shard_paths(data_dir, meta, "train")
+        by_file = workers > 1 and len(files) % workers == 0
+        names = tf.data.Dataset.from_tensor_slices(files)
+        if by_file:
+            names = names.shard(workers, rank)
+        records = names.interleave(
+            tf.data.TFRecordDataset, cycle_length=len(files), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+        )
+        records = records.map(
+            decode_fn(tuple(meta["image_shape"])), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+        )
+        if workers > 1 and not by_file:
+            records = records.shard(workers, rank)
     records = records.cache()
     # tf.data keeps a cache only once an iterator has read it to the end, and an epoch shorter than this worker's
     # share (--steps-per-epoch) stops mid-way: the cache would be thrown away and every epoch would read and decode
     # the files again. This pass yields nothing and reads the cache to the end, so it is filled once (in batches:
     # over a filled cache that takes 0.1 s for 60,000 images, against 1.3 s one element at a time).
-    fill = records.batch(4096).filter(lambda images, labels: False).unbatch()
+    # (Your function's features may have no fixed shape to batch: its split is read one example at a time.)
+    fill = records.filter(_nothing) if saved else records.batch(4096).filter(_nothing).unbatch()
     per_epoch = steps * batch_size
     buffer = min(meta["splits"]["train"]["num_examples"], data.shuffle_buffer)
 
@@ -89,22 +127,19 @@ def train_dataset(
     epochs = tf.data.Dataset.counter(start_epoch).flat_map(epoch_block)
     ds = fill.concatenate(epochs).apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
     ds = ds.batch(batch_size * workers, drop_remainder=True)
-    ds = ds.map(lambda x, y: (tf.cast(x, tf.float32), y), num_parallel_calls=tf.data.AUTOTUNE).prefetch(
-        tf.data.AUTOTUNE
-    )
-    return ds.with_options(_options(deterministic=True, threads=threads))
+    if not saved:
+        ds = ds.map(_as_float, num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.prefetch(tf.data.AUTOTUNE).with_options(_options(deterministic=True, threads=threads))
 
 
 def eval_dataset(
     data_dir: str, meta: dict[str, Any], global_batch: int, workers: int, rank: int, threads: int = 0
 ) -> Any:
     """This worker's share of the test split, repeated so every worker runs the same number of validation steps."""
-    import tensorflow as tf
-
-    ds = tf.data.TFRecordDataset(shard_paths(data_dir, meta, "test")).map(decode_fn(tuple(meta["image_shape"])))
+    ds = examples(data_dir, meta, "test")
     if workers > 1:
         ds = ds.shard(workers, rank)
-    ds = ds.cache().repeat().map(lambda x, y: (tf.cast(x, tf.float32), y)).batch(global_batch, drop_remainder=True)
+    ds = ds.cache().repeat().batch(global_batch, drop_remainder=True)
     return ds.with_options(_options(deterministic=False, threads=threads))
 
 

@@ -1,4 +1,7 @@
-"""Data sources into a prepared dataset: a TFDS dataset, MNIST-format IDX files or the shipped sample -> TFRecords."""
+"""Data sources into a prepared dataset: TFDS, IDX files or the sample -> TFRecords; your function -> tf.data's save.
+
+Your own function's splits are saved by `trainer.data.functions`.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import numpy as np
 from trainer.config.contract import SOURCE_FORMS, DataConfig, is_source
 from trainer.core.errors import UsageError
 from trainer.core.files import atomic_directory, check_writable_parent
+from trainer.data.functions import prepare_function
 from trainer.data.idx import read_split
 from trainer.data.tfrecords import METADATA_FILE, make_metadata, write_split
 
@@ -27,7 +31,7 @@ def sample_dir() -> str:
 
 
 def parse_source(source: str) -> tuple[str, str]:
-    """Splits a source string into (kind, location): ('idx', dir), ('tfds', name).
+    """Splits a source string into (kind, location): ('idx', dir), ('tfds', name), ('fn', 'package.module:function').
 
     Raises:
         UsageError: naming the source when it is none of the allowed forms.
@@ -38,6 +42,8 @@ def parse_source(source: str) -> tuple[str, str]:
         return "idx", sample_dir()
     if source.startswith("idx:"):
         return "idx", source[4:]
+    if source.startswith("fn:"):
+        return "fn", source[3:]
     return "tfds", source[5:] if source.startswith("tfds:") else source
 
 
@@ -139,9 +145,15 @@ def run(config: DataConfig, output: str) -> dict[str, Any]:
         raise UsageError("output path is empty; pass --output DIR")
     check_writable_parent(output)
     with atomic_directory(output) as out:
-        meta = prepare_idx(location, config, out) if kind == "idx" else prepare_tfds(location, config, out)
+        if kind == "fn":
+            meta = prepare_function(location, config, out)
+        else:
+            meta = prepare_idx(location, config, out) if kind == "idx" else prepare_tfds(location, config, out)
         write_json(f"{out}/{METADATA_FILE}", meta)
     counts = ", ".join(f"{split} {s['num_examples']}" for split, s in meta["splits"].items())
+    if kind == "fn":
+        log.info("prepared %s into %s: %s examples of %s", config.source, output, counts, meta["element_spec"])
+        return meta
     log.info(
         "prepared %s into %s: %s examples, image shape %s, %d classes",
         config.source,

@@ -126,6 +126,10 @@ def check_metadata(meta: dict[str, Any], path: str = METADATA_FILE) -> dict[str,
     Raises:
         UsageError: naming the first field that is missing or out of range, and what is allowed.
     """
+    from trainer.data import functions
+
+    if functions.is_saved(meta):
+        return functions.check_metadata(meta, path)
     missing = [k for k in ("format_version", "image_shape", "num_classes", "class_names", "splits") if k not in meta]
     if missing:
         raise UsageError(f"dataset metadata {path!r} lacks {', '.join(missing)}")

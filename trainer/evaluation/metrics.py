@@ -42,6 +42,14 @@ class Evaluation:
     dataset: str | None = None
     split: str = "test"
 
+    def scalars(self) -> dict[str, float]:
+        """The metrics a gate can name: `accuracy` and `loss`."""
+        return {"accuracy": self.accuracy, "loss": self.loss}
+
+    def confusion(self) -> tuple[list[str], list[list[int]]]:
+        """The class names and the confusion matrix as the Kubeflow UI's ClassificationMetrics takes them."""
+        return list(self.class_names), [list(row) for row in self.confusion_matrix]
+
     def to_json(self) -> dict[str, Any]:
         """The results as metrics.json holds them."""
         return {

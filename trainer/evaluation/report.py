@@ -12,13 +12,14 @@ from trainer.serving.check import ServingCheck
 from trainer.training.history import History
 
 
-def training_curves(history: History) -> str:
-    """Inline SVG line charts (pygal) of the training loss and accuracy per epoch, side by side."""
+def training_curves(history: History, metric: str = "accuracy") -> str:
+    """Inline SVG line charts (pygal) of the training loss and `metric` per epoch, side by side."""
     import pygal
 
     epochs = [e["epoch"] for e in history.epochs]
     charts = []
-    for key, title in (("loss", "training loss"), ("accuracy", "training accuracy")):
+    keys = ["loss", *([metric] if metric != "loss" and all(metric in e for e in history.epochs) else [])]
+    for key, title in ((key, f"training {key}") for key in keys):
         chart = pygal.Line(
             js=[], width=450, height=320, show_legend=False, title=title, x_title="epoch", disable_xml_declaration=True
         )
@@ -45,7 +46,7 @@ def serving_section(check: ServingCheck) -> str:
         for c in check.checks
     )
     return (
-        f"<h2>Serving check</h2><p>Serving check: <b>{verdict}</b>. {check.examples} held-out images were sent "
+        f"<h2>Serving check</h2><p>Serving check: <b>{verdict}</b>. {check.examples} held-out examples were sent "
         "as TF Serving REST instances to the SavedModel's <code>serving_default</code> signature, loaded the way "
         f"TF Serving loads it in a fresh process ({check.seconds}s).</p>"
         f"<table><tr><th>check</th><th>result</th><th>detail</th></tr>{rows}</table>"
@@ -65,10 +66,12 @@ def tensorboard_section(history: History) -> str:
     )
 
 
-def render_html(verdict: Verdict, history: History) -> str:
-    """The report's HTML page: results, gate, serving check, TensorBoard link, curves, per-class table, matrix."""
+def classification_sections(verdict: Verdict) -> str:
+    """The per-class table and the confusion matrix, for the built-in CNN's results; else nothing."""
     esc = html.escape
     results = verdict.evaluation
+    if results.confusion() is None:
+        return ""
     rows = "".join(
         f"<tr><td>{esc(c['name'])}</td><td>{c['precision']:.4f}</td><td>{c['recall']:.4f}</td><td>{c['f1']:.4f}</td>"
         f"<td>{c['support']}</td></tr>"
@@ -80,32 +83,44 @@ def render_html(verdict: Verdict, history: History) -> str:
         f"<tr><th>{esc(names[i])}</th>" + "".join(f"<td>{v}</td>" for v in row) + "</tr>"
         for i, row in enumerate(results.confusion_matrix)
     )
-    last = history.epochs[-1] if history.epochs else {}
-    gate = (
-        f"Quality gate (min_accuracy {verdict.min_accuracy:.4f}): "
-        f"<b>{'passed' if verdict.passed_gate else 'FAILED, not published'}</b>."
+    return (
+        "<h2>Per class</h2>\n<table><tr><th>class</th><th>precision</th><th>recall</th><th>F1</th><th>support</th></tr>"
+        f"{rows}</table>\n<h2>Confusion matrix (rows: true class, columns: predicted)</h2>\n"
+        f"<table><tr><th></th>{head}</tr>{matrix}</table>"
     )
+
+
+def render_html(verdict: Verdict, history: History) -> str:
+    """The report's HTML page: results, gate, serving check, TensorBoard link, curves, per-class table, matrix."""
+    esc = html.escape
+    results = verdict.evaluation
+    metric = verdict.gate.metric
+    scalars = results.scalars()
+    shown = ", ".join(
+        f"<b>test {esc(name)} {value:.4f}</b>" if name == metric else f"{esc(name)} {value:.4f}"
+        for name, value in scalars.items()
+    )
+    last = history.epochs[-1] if history.epochs else {}
+    passed = "passed" if verdict.passed_gate else "FAILED, not published"
+    gate = f"Quality gate ({esc(str(verdict.gate))}): <b>{passed}</b>."
     check = verdict.serving_check
     gate += f" Serving check: <b>{'passed' if check.passed else f'FAILED, not published ({esc(check.reason)})'}</b>."
     speed = sum(e["examples_per_second"] for e in history.epochs[1:]) / max(1, len(history.epochs) - 1)
+    model = f"model <code>{esc(history.model_fn)}</code>" if history.model_fn else "the built-in CNN"
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>Training report</title>
 <style>body{{font-family:sans-serif;margin:1.5em}}table{{border-collapse:collapse;margin:0.5em 0 1.5em}}
 td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}</style></head><body>
 <h1>Training report</h1>
-<p>Dataset <code>{esc(str(results.dataset))}</code>, {results.num_examples} held-out examples.
-<b>Test accuracy {results.accuracy:.4f}</b>, loss {results.loss:.4f}.
+<p>Dataset <code>{esc(str(results.dataset))}</code>, {model}, {results.num_examples} held-out examples: {shown}.
 {gate}</p>
 <p>{history.workers} worker(s), global batch {history.global_batch_size}, {len(history.epochs)} epochs of
-{history.steps_per_epoch} steps; final training accuracy {last.get("accuracy", float("nan")):.4f};
+{history.steps_per_epoch} steps; final training {esc(metric)} {last.get(metric, float("nan")):.4f};
 {speed:.0f} examples/s after the first epoch.</p>
 {tensorboard_section(history)}
-{training_curves(history)}
+{training_curves(history, metric)}
 {serving_section(check)}
-<h2>Per class</h2>
-<table><tr><th>class</th><th>precision</th><th>recall</th><th>F1</th><th>support</th></tr>{rows}</table>
-<h2>Confusion matrix (rows: true class, columns: predicted)</h2>
-<table><tr><th></th>{head}</tr>{matrix}</table>
+{classification_sections(verdict)}
 </body></html>
 """
 

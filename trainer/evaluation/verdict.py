@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from trainer.evaluation.gate import Gate
 from trainer.evaluation.metrics import Evaluation
+from trainer.evaluation.model_metrics import ModelEvaluation
 from trainer.serving.check import ServingCheck
 
 PUBLISH = "publish"
@@ -16,21 +18,22 @@ class Verdict:
     """The evaluation of the chief's model, the gate it had to pass, and its serving check.
 
     Attributes:
-        evaluation: the model's results on the held-out split.
-        min_accuracy: the quality gate.
+        evaluation: the model's results on the held-out split: the built-in CNN's classification results, or the
+            metrics a model_fn's model was compiled with.
+        gate: the quality gate.
         serving_check: the serving check's result.
         model_dir: the chief's model directory that was evaluated.
     """
 
-    evaluation: Evaluation
-    min_accuracy: float
+    evaluation: Evaluation | ModelEvaluation
+    gate: Gate
     serving_check: ServingCheck
     model_dir: str = ""
 
     @property
     def passed_gate(self) -> bool:
-        """Whether the test accuracy reaches the gate."""
-        return self.evaluation.accuracy >= self.min_accuracy
+        """Whether the gate's metric is on the gate's side of its threshold."""
+        return self.gate.passes(self.evaluation.scalars())
 
     @property
     def decision(self) -> str:
@@ -41,7 +44,7 @@ class Verdict:
         """
         reasons = []
         if not self.passed_gate:
-            reasons.append(f"accuracy {self.evaluation.accuracy:.4f} is below the gate {self.min_accuracy:.4f}")
+            reasons.append(self.gate.failure(self.evaluation.scalars()))
         if not self.serving_check.passed:
             reasons.append(f"the serving check failed: {self.serving_check.reason}")
         return "hold: " + "; ".join(reasons) if reasons else PUBLISH
@@ -49,9 +52,8 @@ class Verdict:
     def metrics(self) -> dict[str, float]:
         """The scalars of the step's Metrics artifact (what the publish step compares and records)."""
         return {
-            "accuracy": self.evaluation.accuracy,
-            "loss": self.evaluation.loss,
-            "min_accuracy": self.min_accuracy,
+            **self.evaluation.scalars(),
+            "gate_threshold": self.gate.threshold,
             "passed_gate": int(self.passed_gate),
             "serving_check_passed": int(self.serving_check.passed),
             "test_examples": self.evaluation.num_examples,
@@ -62,6 +64,7 @@ class Verdict:
         return {
             **self.evaluation.to_json(),
             **self.metrics(),
+            "gate": str(self.gate),
             "serving_check": self.serving_check.to_json(),
             "decision": self.decision,
         }

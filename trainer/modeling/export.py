@@ -1,4 +1,4 @@
-"""The chief's export: saved_model/ (serving signature on raw images), model.keras and history.json, all or nothing."""
+"""The chief's export: saved_model/ (a serving signature), model.keras and history.json, all or nothing."""
 
 from __future__ import annotations
 
@@ -16,25 +16,26 @@ SAVED_MODEL_DIR = "saved_model"
 KERAS_FILE = "model.keras"
 
 
-def _save(model: Any, image_shape: tuple[int, int, int], directory: str, history: History) -> None:
+def _save(model: Any, image_shape: tuple[int, int, int] | None, directory: str, history: History) -> None:
+    """With an image shape: the CNN's signature on raw uint8 images; without: the model's own inputs and outputs."""
     import tensorflow as tf
 
     from trainer.modeling.cnn import serving_function
 
-    signatures = {"serving_default": serving_function(model, image_shape)}
+    signatures = {"serving_default": serving_function(model, image_shape)} if image_shape else None
     tf.saved_model.save(model, f"{directory}/{SAVED_MODEL_DIR}", signatures=signatures)
     model.save(f"{directory}/{KERAS_FILE}")
     history.write(directory)
 
 
-def save_model(model: Any, image_shape: tuple[int, int, int], model_dir: str, history: History) -> None:
+def save_model(model: Any, image_shape: tuple[int, int, int] | None, model_dir: str, history: History) -> None:
     """Writes the model to `model_dir` through a temporary sibling: a failed save leaves nothing behind."""
     with atomic_directory(model_dir) as tmp:
         _save(model, image_shape, tmp, history)
     log.info("chief wrote the model to %s", model_dir)
 
 
-def save_and_discard(model: Any, image_shape: tuple[int, int, int], history: History) -> None:
+def save_and_discard(model: Any, image_shape: tuple[int, int, int] | None, history: History) -> None:
     """A non-chief worker's part of the export: saved, then thrown away.
 
     Under MultiWorkerMirroredStrategy every worker must take part in saving (it runs collective ops), but only the

@@ -22,6 +22,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -229,20 +230,15 @@ def _verdicts(probabilities: np.ndarray, class_ids: np.ndarray, expected: np.nda
     return verdicts
 
 
-def run(saved_model_dir: str, images: np.ndarray, expected: np.ndarray, timeout: float = LOAD_TIMEOUT) -> ServingCheck:
-    """Serves the SavedModel in a fresh process, queries it with `images` and checks the answers.
-
-    Args:
-        saved_model_dir: the SavedModel directory (holding saved_model.pb).
-        images: held-out raw images, uint8 `[n, height, width, channels]`.
-        expected: the evaluation's probabilities for those images, `[n, classes]`.
-        timeout: seconds the fresh process may take to load the model.
-
-    Returns:
-        The result, one `Check` per check that ran.
-    """
+def _session(
+    saved_model_dir: str,
+    timeout: float,
+    rows: int,
+    queries: Callable[[_Server, dict[str, Any]], list[Check]],
+    passed: str,
+) -> ServingCheck:
+    """Serves the SavedModel in a fresh process, checks it loads and its status, then runs `queries` on it."""
     started = time.monotonic()
-    rows, classes = len(images), int(expected.shape[1])
     checks: list[Check] = []
     server = None
     try:
@@ -255,16 +251,7 @@ def run(saved_model_dir: str, images: np.ndarray, expected: np.ndarray, timeout:
         code, metadata = server.request("/metadata")
         if code != 200:
             raise CheckFailed("signature", f"metadata: HTTP {code}: {metadata.get('error', metadata)}")
-        detail = _check_signature(metadata, tuple(images.shape[1:]), classes)
-        checks.append(Check("signature", True, detail))
-        instances = (images[..., 0] if images.shape[-1] == 1 else images).tolist()
-        code, answer = server.request(":predict", {"signature_name": "serving_default", "instances": instances})
-        if code != 200:
-            raise CheckFailed("response", f"HTTP {code}: {answer.get('error', answer)}")
-        probabilities, class_ids = _check_predictions(answer.get("predictions"), rows, classes)
-        checks.append(Check("response", True, f"{rows} predictions for {rows} instances"))
-        checks.append(Check("shapes and dtypes", True, f"{classes} probabilities, 1 class id"))
-        checks += _verdicts(probabilities, class_ids, expected.astype(np.float64))
+        checks += queries(server, metadata)
     except CheckFailed as failure:
         checks.append(Check(failure.check, False, str(failure)))
     finally:
@@ -272,12 +259,139 @@ def run(saved_model_dir: str, images: np.ndarray, expected: np.ndarray, timeout:
             server.stop()
     failed = [c for c in checks if not c.passed]
     reason = f"{failed[0].name}: {failed[0].detail}" if failed else ""
-    summary = (
-        f"failed: {reason}"
-        if failed
-        else f"passed: {rows} held-out uint8 images as TF Serving REST instances to serving_default in a fresh "
-        "process; shapes and dtypes as signed, probabilities sum to 1, class_ids are their argmax, and all "
-        f"{rows} agree with the evaluation"
-    )
+    summary = f"failed: {reason}" if failed else f"passed: {passed}"
     log.info("serving check %s", summary)
     return ServingCheck(not failed, summary, reason, tuple(checks), rows, round(time.monotonic() - started, 1))
+
+
+def _predict(server: _Server, instances: list[Any]) -> list[Any]:
+    code, answer = server.request(":predict", {"signature_name": "serving_default", "instances": instances})
+    if code != 200:
+        raise CheckFailed("response", f"HTTP {code}: {answer.get('error', answer)}")
+    predictions = answer.get("predictions")
+    if not isinstance(predictions, list) or len(predictions) != len(instances):
+        got = len(predictions) if isinstance(predictions, list) else type(predictions).__name__
+        raise CheckFailed("response", f"{got} predictions for {len(instances)} instances")
+    return predictions
+
+
+def run(saved_model_dir: str, images: np.ndarray, expected: np.ndarray, timeout: float = LOAD_TIMEOUT) -> ServingCheck:
+    """Serves the built-in CNN's SavedModel in a fresh process, queries it with `images` and checks the answers.
+
+    Args:
+        saved_model_dir: the SavedModel directory (holding saved_model.pb).
+        images: held-out raw images, uint8 `[n, height, width, channels]`.
+        expected: the evaluation's probabilities for those images, `[n, classes]`.
+        timeout: seconds the fresh process may take to load the model.
+
+    Returns:
+        The result, one `Check` per check that ran.
+    """
+    rows, classes = len(images), int(expected.shape[1])
+
+    def queries(server: _Server, metadata: dict[str, Any]) -> list[Check]:
+        checks = [Check("signature", True, _check_signature(metadata, tuple(images.shape[1:]), classes))]
+        instances = (images[..., 0] if images.shape[-1] == 1 else images).tolist()
+        probabilities, class_ids = _check_predictions(_predict(server, instances), rows, classes)
+        checks.append(Check("response", True, f"{rows} predictions for {rows} instances"))
+        checks.append(Check("shapes and dtypes", True, f"{classes} probabilities, 1 class id"))
+        return checks + _verdicts(probabilities, class_ids, expected.astype(np.float64))
+
+    return _session(
+        saved_model_dir,
+        timeout,
+        rows,
+        queries,
+        f"{rows} held-out uint8 images as TF Serving REST instances to serving_default in a fresh process; shapes "
+        f"and dtypes as signed, probabilities sum to 1, class_ids are their argmax, and all {rows} agree with the "
+        "evaluation",
+    )
+
+
+def _instances(features: Any, inputs: dict[str, Any]) -> list[Any]:
+    """TF Serving row-format instances of `features` (an array, or a dict of arrays by input name)."""
+    if isinstance(features, dict):
+        if set(features) != set(inputs):
+            raise CheckFailed("signature", f"inputs are {sorted(inputs)}, the features are {sorted(features)}")
+        rows = len(next(iter(features.values())))
+        return [{name: np.asarray(value[i]).tolist() for name, value in features.items()} for i in range(rows)]
+    if len(inputs) != 1:
+        raise CheckFailed("signature", f"inputs are {sorted(inputs)}; the features are one tensor")
+    return np.asarray(features).tolist()
+
+
+def _by_output(expected: Any, outputs: list[str]) -> dict[str, np.ndarray]:
+    """The Keras model's predictions by signature output name (a list of outputs: in the signature's name order)."""
+    if isinstance(expected, dict):
+        if set(expected) != set(outputs):
+            raise CheckFailed("signature", f"outputs are {outputs}, the model's are {sorted(expected)}")
+        return {name: np.asarray(expected[name], dtype=np.float64) for name in outputs}
+    values = list(expected) if isinstance(expected, list | tuple) else [expected]
+    if len(values) != len(outputs):
+        raise CheckFailed("signature", f"outputs are {outputs}; the model returns {len(values)}")
+    return {name: np.asarray(v, dtype=np.float64) for name, v in zip(outputs, values, strict=True)}
+
+
+def run_outputs(saved_model_dir: str, features: Any, expected: Any, timeout: float = LOAD_TIMEOUT) -> ServingCheck:
+    """Serves a model_fn's SavedModel in a fresh process, queries it with `features` and compares with `expected`.
+
+    The SavedModel's `serving_default` signature is the model's own (its inputs and outputs); each answer must be
+    finite and equal the Keras model's prediction within a relative and absolute AGREEMENT_TOLERANCE.
+
+    Args:
+        saved_model_dir: the SavedModel directory (holding saved_model.pb).
+        features: held-out examples' features, an array `[n, ...]` or a dict of them by input name.
+        expected: the Keras model's predictions for them (an array, a list of arrays or a dict by output name).
+        timeout: seconds the fresh process may take to load the model.
+    """
+    rows = len(next(iter(features.values()))) if isinstance(features, dict) else len(features)
+
+    def queries(server: _Server, metadata: dict[str, Any]) -> list[Check]:
+        signatures = metadata.get("metadata", {}).get("signature_def", {}).get("signature_def", {})
+        if "serving_default" not in signatures:
+            named = sorted(k for k in signatures if not k.startswith("__"))
+            raise CheckFailed("signature", f"no serving_default signature; the model has {named}")
+        inputs = signatures["serving_default"].get("inputs", {})
+        outputs = sorted(signatures["serving_default"].get("outputs", {}))
+        wanted = _by_output(expected, outputs)
+        described = ", ".join(f"{n} {_shape(i)}" for n, i in sorted(inputs.items()))
+        checks = [Check("signature", True, f"serving_default: {described} -> {', '.join(outputs)}")]
+        predictions = _predict(server, _instances(features, inputs))
+        checks.append(Check("response", True, f"{rows} predictions for {rows} instances"))
+        try:
+            columns = (
+                {n: [p[n] for p in predictions] for n in outputs} if len(outputs) > 1 else {outputs[0]: predictions}
+            )
+            answers = {name: np.asarray(values, dtype=np.float64) for name, values in columns.items()}
+        except (KeyError, TypeError, ValueError) as err:
+            raise CheckFailed(
+                "shapes and dtypes", f"predictions are not numbers of the signed outputs ({err})"
+            ) from None
+        for name in outputs:
+            if answers[name].size != wanted[name].size:
+                got, want = list(answers[name].shape), list(wanted[name].shape)
+                raise CheckFailed("shapes and dtypes", f"output {name} has shape {got}, the model's {want}")
+            wanted[name] = wanted[name].reshape(answers[name].shape)
+        checks.append(Check("shapes and dtypes", True, ", ".join(f"{n} {list(answers[n].shape)}" for n in outputs)))
+        finite = all(np.isfinite(a).all() for a in answers.values())
+        delta = max(float(np.max(np.abs(answers[n] - wanted[n]))) for n in outputs)
+        tolerance = {"rtol": AGREEMENT_TOLERANCE, "atol": AGREEMENT_TOLERANCE}
+        agree = finite and all(np.allclose(answers[n], wanted[n], **tolerance) for n in outputs)
+        checks.append(
+            Check(
+                "agrees with the evaluation",
+                agree,
+                f"all values finite: {finite}; largest difference from the Keras model's predictions {delta:.3g} "
+                f"(allowed {AGREEMENT_TOLERANCE:g} + {AGREEMENT_TOLERANCE:g} x |value|)",
+            )
+        )
+        return checks
+
+    return _session(
+        saved_model_dir,
+        timeout,
+        rows,
+        queries,
+        f"{rows} held-out examples as TF Serving REST instances to serving_default in a fresh process; shapes as "
+        "signed, all finite and equal to the evaluated Keras model's predictions",
+    )

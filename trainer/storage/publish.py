@@ -30,6 +30,7 @@ from typing import Any
 
 from trainer.config import registry as settings
 from trainer.core.errors import UsageError
+from trainer.evaluation.gate import Gate
 from trainer.storage.locations import Location
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ LATEST = "latest.json"
 METRICS = "metrics.json"
 SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
 STAGING = ".staging-"
+ACCURACY = Gate("accuracy", True, 0.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,8 +53,12 @@ class Latest:
 
     @property
     def accuracy(self) -> float | None:
-        """The accuracy the version was published with (None: a command-mode model whose command reported none)."""
-        return float(self.metrics["accuracy"]) if "accuracy" in self.metrics else None
+        """The accuracy the version was published with (None: a model whose evaluation reported none)."""
+        return self.value("accuracy")
+
+    def value(self, metric: str) -> float | None:
+        """A metric the version was published with (None: its evaluation did not report it)."""
+        return float(self.metrics[metric]) if metric in self.metrics else None
 
     def to_json(self) -> dict[str, Any]:
         """The record as latest.json holds it."""
@@ -135,17 +141,19 @@ def publish(
     lineage: dict[str, Any],
     s3_endpoint: str = "",
     refused: str = "",
-) -> dict[str, Any]:
+    gate: Gate = ACCURACY,
+) -> Publication:
     """Publishes unless the currently published model is better.
 
     Args:
         saved_model_dir: the local SavedModel directory to publish.
-        metrics: the evaluation's metrics; `accuracy` decides against the published model (a model without one, or
-            against one without one, is published as the newest).
+        metrics: the evaluation's metrics; the gate's metric decides against the published model in the gate's
+            direction (a model without it, or against one without it, is published as the newest).
         publish_uri: a path, `s3://BUCKET/PREFIX` or `gs://BUCKET/PREFIX`.
         lineage: run, dataset, model URI and training parameters, recorded in `metrics.json` and `latest.json`.
         s3_endpoint: the S3 endpoint URL (SeaweedFS, MinIO); empty: AWS.
         refused: what to add when the store refuses a call (`trainer.storage.kfp.Store.refused`).
+        gate: the quality gate, whose metric and direction rank models (default: higher accuracy is better).
 
     Returns:
         The decision.
@@ -160,11 +168,13 @@ def publish(
     target = Location(publish_uri, s3_endpoint, refused)
     found = target.read_json(LATEST)
     previous = Latest.from_json(found) if found is not None else None
-    accuracy = float(metrics["accuracy"]) if "accuracy" in metrics else None
-    if previous is not None and None not in (accuracy, previous.accuracy) and accuracy < previous.accuracy:
+    name = gate.metric
+    value = float(metrics[name]) if name in metrics else None
+    before = previous.value(name) if previous is not None else None
+    if None not in (value, before) and gate.worse(value, before):
         reason = (
-            f"not published: accuracy {accuracy:.4f} is below the published version {previous.version} "
-            f"({previous.accuracy:.4f})"
+            f"not published: {name} {value:.4f} is {'below' if gate.higher_is_better else 'above'} the published "
+            f"version {previous.version} ({before:.4f})"
         )
         log.info(reason)
         return Publication(False, reason, previous=previous)
@@ -180,16 +190,16 @@ def publish(
         # The version number is new, so everything under it is this attempt's; latest.json is unchanged.
         _discard(target, staging, str(version))
         raise
-    if accuracy is None:
-        reason = f"published version {version} (no accuracy to compare: the newest successful run is published)"
+    if value is None:
+        reason = f"published version {version} (no {name} to compare: the newest successful run is published)"
     else:
         if previous is None:
-            before = " (first version)"
-        elif previous.accuracy is None:
-            before = f" (previous version {previous.version} has no accuracy)"
+            known = " (first version)"
+        elif before is None:
+            known = f" (previous version {previous.version} has no {name})"
         else:
-            before = f" (previous {previous.accuracy:.4f})"
-        reason = f"published version {version} with accuracy {accuracy:.4f}{before}"
+            known = f" (previous {before:.4f})"
+        reason = f"published version {version} with {name} {value:.4f}{known}"
     log.info("%s at %s", reason, record.path)
     with contextlib.suppress(Exception):
         target.fs.invalidate_cache()

@@ -139,7 +139,7 @@ def current_learning_rate(optimizer: Any) -> float:
         rate = optimizer.learning_rate
     if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
         rate = rate(optimizer.iterations)
-    return float(rate)
+    return float(keras.backend.get_value(rate))
 
 
 def run_log_dir(tensorboard_dir: str, run_id: str) -> str:
@@ -155,8 +155,9 @@ def run_log_dir(tensorboard_dir: str, run_id: str) -> str:
 class TensorBoardScalars:
     """Per-epoch scalars as TensorBoard event files (`tf.summary`), as a Keras callback; only the chief uses it.
 
-    Under `log_dir/train`: loss, accuracy, learning_rate and examples_per_second; under `log_dir/validation`:
-    loss and accuracy when the run validates. The step of every point is the epoch (1, 2, ...), as in
+    Under `log_dir/train`: loss and every metric the model was compiled with (accuracy for the CNN),
+    learning_rate and examples_per_second; under `log_dir/validation`: the same without the `val_` prefix when
+    the run validates. The step of every point is the epoch (1, 2, ...), as in
     history.json; the writers flush after every epoch, so TensorBoard shows a run while it trains.
 
     Args:
@@ -180,11 +181,11 @@ class TensorBoardScalars:
             def on_epoch_end(self, epoch, logs=None):
                 logs = dict(logs or {})
                 step = epoch + 1
-                train = {name: logs[name] for name in ("loss", "accuracy") if name in logs}
+                train = {name: value for name, value in logs.items() if not name.startswith("val_")}
                 train["learning_rate"] = current_learning_rate(self.model.optimizer)
                 if throughput.epochs and throughput.epochs[-1]["epoch"] == step:
                     train["examples_per_second"] = throughput.epochs[-1]["examples_per_second"]
-                validation = {name[4:]: logs[name] for name in ("val_loss", "val_accuracy") if name in logs}
+                validation = {name[4:]: value for name, value in logs.items() if name.startswith("val_")}
                 for name, values in (("train", train), ("validation", validation)):
                     if values:
                         with writer(name).as_default():

@@ -27,13 +27,14 @@ class History:
         global_batch_size: examples per step over all workers.
         steps_per_epoch: steps in one epoch.
         learning_rate: the peak learning rate the optimizer used (after scaling by the worker count).
-        dataset: the prepared dataset's source (`sample`, `tfds:mnist`, ...).
-        class_names: the classes, in label order.
-        image_shape: height, width, channels.
+        dataset: the prepared dataset's source (`sample`, `tfds:mnist`, `fn:...`).
+        class_names: the classes, in label order (empty for a dataset from a function).
+        image_shape: height, width, channels (empty for a dataset from a function).
         run_id: the pipeline run's id.
         tensorboard: where the run's TensorBoard event files are; empty: none.
         parameters: the settings a user chose (`num_workers`, `epochs`, `batch_size`, `learning_rate`, `seed`).
         parameter_servers: parameter servers (parameter-server strategy); 0 otherwise.
+        model_fn: the function that built the model (`package.module:function`); empty: the built-in CNN.
     """
 
     epochs: tuple[dict[str, Any], ...]
@@ -49,6 +50,7 @@ class History:
     tensorboard: str
     parameters: dict[str, Any]
     parameter_servers: int = 0
+    model_fn: str = ""
 
     FILE: ClassVar[str] = "history.json"
 
@@ -58,6 +60,8 @@ class History:
         data.update(epochs=list(self.epochs), class_names=list(self.class_names), image_shape=list(self.image_shape))
         if not self.parameter_servers:
             del data["parameter_servers"]
+        if not self.model_fn:
+            del data["model_fn"]
         return data
 
     @classmethod
@@ -81,7 +85,8 @@ class History:
     @property
     def lineage(self) -> dict[str, Any]:
         """What a published model records of the run that trained it."""
-        return {"run_id": self.run_id, "dataset": self.dataset, "parameters": dict(self.parameters)}
+        lineage = {"run_id": self.run_id, "dataset": self.dataset, "parameters": dict(self.parameters)}
+        return {**lineage, "model_fn": self.model_fn} if self.model_fn else lineage
 
     def write(self, directory: str) -> None:
         """Writes history.json into `directory` (whole, or not at all)."""
@@ -129,16 +134,17 @@ def of_run(
         steps_per_epoch=steps,
         learning_rate=learning_rate,
         dataset=meta.get("source"),
-        class_names=tuple(meta["class_names"]),
-        image_shape=tuple(meta["image_shape"]),
+        class_names=tuple(meta.get("class_names", ())),
+        image_shape=tuple(meta.get("image_shape", ())),
         run_id=runtime.run_id,
         tensorboard=run_log_dir(runtime.tensorboard_dir, runtime.run_id) if runtime.tensorboard_dir else "",
         parameters={
             "num_workers": workers,
             "epochs": config.optim.epochs,
             "batch_size": config.optim.batch_size,
-            "learning_rate": config.optim.learning_rate,
+            "learning_rate": learning_rate if config.model.model_fn else config.optim.learning_rate,
             "seed": config.data.seed,
         },
         parameter_servers=parameter_servers,
+        model_fn=config.model.model_fn,
     )

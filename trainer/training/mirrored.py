@@ -20,6 +20,7 @@ from trainer.core.errors import PeerUnavailableError, UsageError
 from trainer.data.inputs import eval_dataset, train_dataset
 from trainer.modeling.export import save_and_discard, save_model
 from trainer.training import setup
+from trainer.training.callbacks import current_learning_rate
 from trainer.training.collectives import local_step_metrics
 from trainer.training.history import History, of_run
 
@@ -71,7 +72,7 @@ def run(
     Args:
         config: the checked training configuration.
         tf_config: this task's TF_CONFIG as a dict (`trainer.cluster.tf_config.build_tf_config`); None for one process.
-        datasets: optional training `tf.data.Dataset` of `(float image, label)` global batches, endless.
+        datasets: optional training `tf.data.Dataset` of `(features, label)` global batches, endless.
         strategy: optional `tf.distribute.Strategy`; by default one built from `tf_config`.
         on_formed: called once the strategy exists, i.e. the cluster has formed (the supervisor's watchdog).
         resume_epoch: the epoch the cluster's supervisors agreed to resume after (`trainer.cluster.resume`; 0: from the
@@ -102,6 +103,8 @@ def run(
     learning_rate = config.optim.learning_rate * workers**0.5
     built = setup.build(config, prepared, strategy, tf_config, learning_rate, steps, steps * global_batch, resume_epoch)
     model, done = built.model, built.done
+    if prepared.model_fn:
+        learning_rate = current_learning_rate(model.optimizer)
     if workers > 1 and not config.cluster.sync_batch_metrics:
         local_step_metrics(model)
     if datasets is None:

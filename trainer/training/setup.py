@@ -15,7 +15,10 @@ from typing import Any
 from trainer.cluster.resume import home_for
 from trainer.config.contract import TrainConfig
 from trainer.core.cpus import ranges, thread_counts
+from trainer.core.errors import UsageError
 from trainer.core.files import check_writable_parent
+from trainer.data import functions
+from trainer.data.inputs import features_spec
 from trainer.data.tfrecords import load_metadata, verify_split
 from trainer.training.callbacks import EpochCheckpoints, TensorBoardScalars, ThroughputHistory, run_log_dir
 
@@ -24,16 +27,22 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class Prepared:
-    """What a runner knows before it builds anything: the dataset's metadata, where TensorBoard files go, threads."""
+    """What a runner knows before it builds anything: the dataset's metadata, where TensorBoard files go, threads.
+
+    With a `model_fn`, also your model's function, imported before the cluster forms so that a wrong name fails
+    fast (its module must not run TensorFlow ops when imported: collective ops are configured when the strategy is
+    created, before anything else touches TensorFlow's context).
+    """
 
     meta: dict[str, Any]
     log_dir: str
     threads: int
+    model_fn: Any = None
 
     @property
-    def image_shape(self) -> tuple[int, ...]:
-        """Height, width, channels of the dataset's images."""
-        return tuple(self.meta["image_shape"])
+    def image_shape(self) -> tuple[int, ...] | None:
+        """Height, width, channels of the images the built-in CNN serves; None for a model_fn's model."""
+        return None if self.model_fn else tuple(self.meta["image_shape"])
 
     def steps(self, config: TrainConfig, global_batch: int) -> int:
         """Steps per epoch: the configured number, else one pass over the training split."""
@@ -46,16 +55,31 @@ def prepare(config: TrainConfig, chief: bool) -> Prepared:
     The dataset is checked (the test split too when validating), and on the chief that the outputs are writable.
 
     Raises:
-        UsageError: a missing or corrupt dataset, or an output location that cannot be written.
+        UsageError: a missing or corrupt dataset, an output location that cannot be written, a model_fn that cannot
+            be imported or that is not for this strategy, or data that only a model_fn can train on.
     """
     import tensorflow as tf
     import tf_keras as keras
 
+    from trainer.core.functions import load
+
     runtime = config.runtime
     meta = load_metadata(runtime.data_dir)
-    verify_split(runtime.data_dir, meta, "train")
-    if config.optim.validate:
-        verify_split(runtime.data_dir, meta, "test")
+    model_fn = config.model.model_fn
+    if model_fn and config.cluster.strategy != "multi_worker_mirrored":
+        raise UsageError(
+            f"model_fn {model_fn!r} is not allowed with strategy {config.cluster.strategy!r}; allowed: "
+            "multi_worker_mirrored"
+        )
+    if functions.is_saved(meta) and not model_fn:
+        raise UsageError(
+            f"dataset {runtime.data_dir!r} was prepared from source {meta['source']!r}, whose features the built-in "
+            "CNN cannot train on; allowed: model_fn naming your model's function"
+        )
+    if not functions.is_saved(meta):
+        verify_split(runtime.data_dir, meta, "train")
+        if config.optim.validate:
+            verify_split(runtime.data_dir, meta, "test")
     log_dir = run_log_dir(runtime.tensorboard_dir, runtime.run_id) if runtime.tensorboard_dir else ""
     if chief:
         check_writable_parent(runtime.model_dir)
@@ -75,7 +99,9 @@ def prepare(config: TrainConfig, chief: bool) -> Prepared:
         ranges(os.sched_getaffinity(0)),
     )
     keras.utils.set_random_seed(config.data.seed)
-    return Prepared(meta, log_dir, threads.intra)
+    if not model_fn:
+        return Prepared(meta, log_dir, threads.intra)
+    return Prepared(meta, log_dir, threads.intra, load(model_fn, "model_fn"))
 
 
 @dataclasses.dataclass
@@ -107,18 +133,24 @@ def build(
 ) -> Built:
     """Builds and compiles the model in the strategy's scope and restores the checkpoint to resume after.
 
-    The learning rate follows a cosine over the run; `steps_per_execution` steps run per call (`build_model`).
+    The built-in CNN's learning rate follows a cosine over the run and `steps_per_execution` steps run per call
+    (`build_model`); a model_fn's model comes compiled as its function compiled it (`trainer.modeling.user`).
     """
     from trainer.modeling.cnn import build_model
+    from trainer.modeling.user import build_user_model
 
     with strategy.scope():
-        model = build_model(
-            prepared.image_shape,
-            prepared.meta["num_classes"],
-            learning_rate,
-            decay_steps=config.optim.epochs * steps,
-            steps_per_execution=config.optim.steps_per_execution,
-        )
+        if prepared.model_fn:
+            features = features_spec(config.runtime.data_dir, prepared.meta)
+            model = build_user_model(prepared.model_fn, config.model.model_fn, features)
+        else:
+            model = build_model(
+                prepared.image_shape,
+                prepared.meta["num_classes"],
+                learning_rate,
+                decay_steps=config.optim.epochs * steps,
+                steps_per_execution=config.optim.steps_per_execution,
+            )
         throughput = ThroughputHistory(examples_per_epoch)
         checkpoints = EpochCheckpoints(model, home_for(config, tf_config), throughput)
         done = checkpoints.restore(resume_epoch)
