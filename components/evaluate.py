@@ -35,7 +35,8 @@ def evaluate(
     Returns:
         Output: the publish decision: "publish" when the model passed the gate and the serving check, else "hold: "
             and why not.
-        accuracy: the test accuracy; -1.0 when a model_fn's model was compiled without an accuracy metric.
+        accuracy: the test accuracy; -1.0 when a model_fn's model was compiled without an accuracy metric (or its
+            accuracy is not a number).
         serving_check: "passed", or "failed: " and which check failed and why.
     """
     from collections import namedtuple
@@ -57,11 +58,12 @@ def evaluate(
     results, check = verdict.evaluation, verdict.serving_check
     if results.confusion() is not None:
         classification_metrics.log_confusion_matrix(*results.confusion())
-    accuracy = float(results.scalars().get("accuracy", -1.0))
+    own = {name: value for name, value in verdict.metrics().items() if name in results.scalars()}
+    accuracy = float(own.get("accuracy", -1.0))
     source = next(m for m in models if m.path == verdict.model_dir)
     report.metadata.update({"model_uri": source.uri, "serving_check": check.summary, "decision": verdict.decision})
     chief_model.metadata.update(
-        {**results.scalars(), "source_uri": source.uri, "serving_check": check.summary, "gate": str(verdict.gate)}
+        {**own, "source_uri": source.uri, "serving_check": check.summary, "gate": str(verdict.gate)}
     )
     outputs = namedtuple("Outputs", ["Output", "accuracy", "serving_check"])
     return outputs(verdict.decision, accuracy, "passed" if check.passed else f"failed: {check.reason}")

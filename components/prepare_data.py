@@ -1,4 +1,4 @@
-"""The `prepare_data` step: a data source -> TFRecord shards + metadata as a Dataset artifact."""
+"""The `prepare_data` step: a data source -> TFRecord shards (or your function's splits) + metadata, as a Dataset."""
 
 from kfp.dsl import Dataset, Output
 
@@ -6,10 +6,11 @@ from kfp.dsl import Dataset, Output
 def prepare_data(
     dataset: Output[Dataset], source: str, max_train_examples: int, max_test_examples: int, num_shards: int
 ):
-    """Prepares an image-classification dataset as TFRecord shards with a metadata.json.
+    """Prepares an image-classification dataset as TFRecord shards, or your function's splits, with a metadata.json.
 
     Args:
-        dataset: the prepared dataset: train and test TFRecord shards and metadata.json with counts and checksums.
+        dataset: the prepared dataset: train and test TFRecord shards and metadata.json with counts and checksums,
+            or (source fn:...) each split as tf.data.Dataset.save wrote it, with metadata.json.
     """
     from trainer import steps
     from trainer.cli import run_step

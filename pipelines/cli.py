@@ -187,8 +187,8 @@ def build_parser(action: str | None) -> argparse.ArgumentParser:
             default=settings.default("min_accuracy"),
             help="the quality gate before publishing",
         )
-        local.add_argument("--gate", default="", help=settings.help_text("gate"))
-        local.add_argument("--model-fn", default="", help=settings.help_text("model_fn"))
+        local.add_argument("--gate", default=settings.default("gate"), help=settings.help_text("gate"))
+        local.add_argument("--model-fn", default=settings.default("model_fn"), help=settings.help_text("model_fn"))
         local.add_argument("--publish-uri", default="", help="where a model that passes the gate is published")
         local.add_argument(
             "--tensorboard-dir", default="", help="where the chief writes TensorBoard event files (empty: none)"

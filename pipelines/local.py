@@ -7,7 +7,10 @@ from typing import Any
 from pipelines.factories import mirrored_pipeline
 from trainer.config import registry as settings
 from trainer.config.checks import Check, is_int, require
+from trainer.core.errors import UsageError
 from trainer.evaluation.gate import Gate
+from trainer.evaluation.metrics import CNN_METRICS
+from trainer.evaluation.verdict import BOOKKEEPING
 from trainer.storage.publish import ACCURACY, latest
 from trainer.training.history import History
 
@@ -29,6 +32,27 @@ def check_workers(num_workers: int) -> None:
     require("--num-workers", num_workers, LOCAL_WORKERS)
 
 
+def check_combination(arguments: dict[str, Any]) -> None:
+    """Refuses, before anything runs, settings that are each allowed but would fail the run together.
+
+    Raises:
+        UsageError: data from a function without model_fn, or a gate on a metric the built-in CNN does not report.
+    """
+    source, model_fn = arguments.get("source", ""), arguments.get("model_fn", "")
+    if source.startswith("fn:") and not model_fn:
+        raise UsageError(
+            f"source {source!r} is not allowed without model_fn: the built-in CNN trains on images; allowed: "
+            "--model-fn package.module:function naming your model"
+        )
+    gate = Gate.of(arguments.get("gate", ""), 0)
+    if not model_fn and gate.metric not in CNN_METRICS:
+        raise UsageError(
+            f"gate {arguments['gate']!r} is not allowed with the built-in CNN, which reports "
+            f"{' and '.join(CNN_METRICS)}; allowed: a gate on one of them, or --model-fn naming a model compiled "
+            f"with {gate.metric!r}"
+        )
+
+
 def run_local(output_dir: str, **arguments: Any) -> dict[str, Any]:
     """Runs the mirrored pipeline through kfp.local's SubprocessRunner and returns what the run produced.
 
@@ -47,6 +71,7 @@ def run_local(output_dir: str, **arguments: Any) -> dict[str, Any]:
     for name, value in arguments.items():
         settings.check(name, value)
     check_workers(arguments.get("num_workers", settings.default("num_workers")))
+    check_combination(arguments)
     for location in ("publish_uri", "tensorboard_dir"):
         if arguments.get(location) and "://" not in arguments[location]:
             arguments[location] = os.path.abspath(arguments[location])
@@ -57,12 +82,11 @@ def run_local(output_dir: str, **arguments: Any) -> dict[str, Any]:
     outputs = mirrored_pipeline(LOCAL_IMAGE)(**arguments).outputs
     model = outputs["model"].path
     history = History.read(model)
-    bookkeeping = ("gate_threshold", "passed_gate", "serving_check_passed", "test_examples")
     metrics = outputs["metrics"].metadata
     result = {
         "seconds": round(time.monotonic() - started, 1),
         "accuracy": outputs["accuracy"],
-        "test metrics": ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k not in bookkeeping),
+        "test metrics": ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k not in BOOKKEEPING),
         "serving check": outputs["report"].metadata["serving_check"],
         "model": model,
         "report": outputs["report"].path,

@@ -136,6 +136,14 @@ PIPELINE_CASES = {
         "chief",
         "gate 'loss<=' is not allowed; allowed: empty (accuracy >= min_accuracy)",
     ),
+    "local run data from a function without model_fn": lambda b, s: (
+        *_pipeline("--local", "--source", "fn:m:f", "--output-dir", str(b / "out" / "run5"), out="run5"),
+        "source 'fn:m:f' is not allowed without model_fn: the built-in CNN trains on images",
+    ),
+    "local run gate on a metric the CNN lacks": lambda b, s: (
+        *_pipeline("--local", "--gate", "auc>=0.9", "--output-dir", str(b / "out" / "run6"), out="run6"),
+        "gate 'auc>=0.9' is not allowed with the built-in CNN, which reports accuracy and loss",
+    ),
     "run parameter out of range": lambda b, s: (
         *_pipeline("--run", "--image", IMAGE, "--host", "http://127.0.0.1:9", "--param", "epochs=0"),
         "epochs 0 is not allowed",

@@ -74,6 +74,11 @@ def test_a_setting_naming_your_code_is_checked_when_given(group, name, value, al
         ("tests.user_code.bad:endless", "returned an endless dataset for split 'train'; allowed: a finite one"),
         ("tests.user_code.bad:different_splits", "allowed: the same features and label for both"),
         ("tests.user_code.bad:empty_test", "returned no examples for split 'test'; allowed: at least 1"),
+        ("tests.user_code.bad:raising", "failed when called with ('train'): ValueError: no data for train today"),
+        (
+            "tests.user_code.broken_import:datasets",
+            "importing module 'tests.user_code.broken_import' failed: RuntimeError: this module needs a database",
+        ),
     ],
 )
 def test_a_data_function_that_does_not_give_finite_pairs_is_refused_and_nothing_is_written(function, message, tmp_path):
@@ -90,7 +95,7 @@ def test_trainer_prepare_refuses_a_module_it_cannot_import_in_one_line(tmp_path)
     result = run_module("trainer.prepare", "--source", "fn:no_such_module:datasets", "--output", str(tmp_path / "d"))
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == 2 and len(errors) == 1, result.stderr[-2000:]
-    assert errors[0].startswith("error: source 'fn:...' 'no_such_module:datasets': module 'no_such_module' cannot be")
+    assert errors[0].startswith("error: source 'fn:no_such_module:datasets': module 'no_such_module' cannot be")
     assert not (tmp_path / "d").exists()
 
 
@@ -112,22 +117,44 @@ def test_a_model_function_must_return_a_compiled_tf_keras_model(function, messag
     assert str(err.value).startswith(f"model_fn 'tests.user_code.bad:{function}' {message}")
 
 
-@pytest.fixture(scope="module")
-def regression(tmp_path_factory):
-    """The regression module prepared, trained in one process by our runner and evaluated behind 'mae<=0.2'."""
-    from trainer import steps
+def _trained(base, data_fn, model_fn, epochs):
+    """`data_fn` prepared into base/data and `model_fn` trained on it by our runner in this process (base/model)."""
     from trainer.data import sources
     from trainer.train import run
 
-    base = tmp_path_factory.mktemp("module")
     data, model = base / "data", base / "model"
-    sources.run(DataConfig(source=f"fn:{REGRESSION}:datasets"), str(data))
+    sources.run(DataConfig(source=f"fn:{REGRESSION}:{data_fn}"), str(data))
     config = TrainConfig.from_settings(
-        data_dir=str(data), model_dir=str(model), model_fn=f"{REGRESSION}:model", epochs=40, batch_size=32
+        data_dir=str(data), model_dir=str(model), model_fn=f"{REGRESSION}:{model_fn}", epochs=epochs, batch_size=32
     )
     assert run(config, None) == 0
-    verdict = steps.evaluate(str(data), [str(model)], str(base / "report.html"), str(base / "copy"), 0.95, "mae<=0.2")
-    return base, verdict
+    return str(data), str(model)
+
+
+def _evaluated(base, data, model, gate):
+    from trainer import steps
+
+    return steps.evaluate(data, [model], str(base / "report.html"), str(base / "copy"), 0.95, gate)
+
+
+@pytest.fixture(scope="module")
+def regression(tmp_path_factory):
+    """The regression module prepared, trained in one process by our runner and evaluated behind 'mae<=0.2'."""
+    base = tmp_path_factory.mktemp("module")
+    return base, _evaluated(base, *_trained(base, "datasets", "model", 40), "mae<=0.2")
+
+
+def test_every_worker_reads_the_examples_in_the_order_the_function_gave_them(regression):
+    from tests.user_code.regression import datasets
+    from trainer.data import functions
+    from trainer.data.tfrecords import load_metadata
+
+    data = str(regression[0] / "data")
+    for split in ("train", "test"):
+        saved = list(functions.load_split(data, load_metadata(data), split).as_numpy_iterator())
+        given = list(datasets(split).as_numpy_iterator())
+        assert len(saved) == len(given) == {"train": 512, "test": 128}[split]
+        assert all(a[1] == b[1] and (a[0]["b"] == b[0]["b"]).all() for a, b in zip(saved, given, strict=True))
 
 
 def test_your_model_on_your_data_is_trained_evaluated_on_its_own_metrics_and_served(regression):
@@ -170,6 +197,46 @@ def test_a_model_failing_its_gate_in_its_direction_is_held(regression):
     assert strict.decision == f"hold: mae {verdict.evaluation.metrics['mae']:.4f} is above the gate 0.0001"
 
 
+def test_a_metric_that_is_not_a_number_holds_the_model_and_stays_out_of_the_metrics_artifact():
+    from trainer.evaluation.model_metrics import ModelEvaluation
+    from trainer.evaluation.verdict import Verdict
+    from trainer.serving.check import ServingCheck
+
+    diverged = ModelEvaluation({"loss": float("nan"), "mae": 0.1}, 128)
+    check = ServingCheck(True, "passed: ...", "", (), 128, 1.0)
+    verdict = Verdict(diverged, Gate.of("loss<=0.5", 0), check)
+    assert verdict.decision == "hold: loss is nan (the model diverged), not a number the gate 0.5000 takes"
+    assert "loss" not in verdict.metrics() and verdict.metrics()["mae"] == 0.1
+    assert Verdict(diverged, Gate.of("mae<=0.5", 0), check).decision == "publish"
+
+
+@pytest.fixture(scope="module")
+def two_heads(tmp_path_factory):
+    """A model with two outputs listed in an order their names do not sort in, one with a per-class F1."""
+    base = tmp_path_factory.mktemp("two-heads")
+    return _evaluated(base, *_trained(base, "two_heads_data", "two_heads", 10), "y_value_mae<=1.0")
+
+
+def test_a_model_with_two_outputs_is_served_and_compared_output_by_output(two_heads):
+    metrics = two_heads.evaluation.metrics
+    assert sorted(metrics) == ["a_positive_loss", "loss", "y_value_loss", "y_value_mae"], "no vector-valued F1"
+    check = two_heads.serving_check
+    assert check.passed, check.summary
+    assert check.checks[1].detail == "serving_default: a [-1], b [-1, 2] -> a_positive, y_value"
+    assert check.checks[3].detail == "a_positive [128, 1], y_value [128, 1]"
+
+
+def test_a_model_whose_metric_is_named_like_the_steps_own_records_is_refused(tmp_path):
+    base = tmp_path
+    data, model = _trained(base, "datasets", "colliding", 1)
+    with pytest.raises(UsageError) as err:
+        _evaluated(base, data, model, "loss<=1")
+    assert str(err.value) == (
+        f"model_fn '{REGRESSION}:colliding' compiles metrics named test_examples, which the evaluate step records for "
+        "itself; allowed: other names (metrics=[...(name=...)])"
+    )
+
+
 def test_the_serving_check_fails_a_saved_model_whose_answers_differ_from_the_keras_models(regression):
     from trainer.data import functions
     from trainer.data.tfrecords import load_metadata
@@ -183,9 +250,9 @@ def test_the_serving_check_fails_a_saved_model_whose_answers_differ_from_the_ker
 
     keras_model = keras.models.load_model(base / "model" / "model.keras")
     expected = keras_model(features).numpy()
-    check = run_outputs(str(base / "model" / "saved_model"), features, expected + 0.01)
+    check = run_outputs(str(base / "model" / "saved_model"), features, {"y": expected + 0.01})
     assert not check.passed and check.reason.startswith("agrees with the evaluation: all values finite: True; ")
-    missing = run_outputs(str(base / "model" / "saved_model"), {"a": features["a"]}, expected)
+    missing = run_outputs(str(base / "model" / "saved_model"), {"a": features["a"]}, {"y": expected})
     assert missing.reason == "signature: inputs are ['a', 'b'], the features are ['a']"
 
 

@@ -184,7 +184,8 @@ def evaluate(
         The verdict: the results, the gate, the serving check, and so the publish decision.
 
     Raises:
-        UsageError: the gate names a metric the evaluation does not report.
+        UsageError: the gate names a metric the evaluation does not report, or a metric of the model has a name the
+            step's own records use.
     """
     import shutil
 
@@ -192,7 +193,7 @@ def evaluate(
     from trainer.evaluation.gate import Gate
     from trainer.evaluation.model_metrics import evaluate_model
     from trainer.evaluation.report import write_html
-    from trainer.evaluation.verdict import Verdict
+    from trainer.evaluation.verdict import BOOKKEEPING, Verdict
     from trainer.modeling.export import SAVED_MODEL_DIR
     from trainer.serving import check as serving_check
     from trainer.training.history import History
@@ -205,6 +206,12 @@ def evaluate(
     if history.model_fn:
         results, sample = evaluate_model(chief, dataset, serving_check.EXAMPLES)
         bar.value(results.scalars())
+        taken = sorted(set(results.scalars()) & {*BOOKKEEPING, "source_uri", "gate", "serving_check"})
+        if taken:
+            raise UsageError(
+                f"model_fn {history.model_fn!r} compiles metrics named {', '.join(taken)}, which the evaluate step "
+                f"records for itself; allowed: other names (metrics=[...(name=...)])"
+            )
         check = serving_check.run_outputs(saved_model, sample.features, sample.predictions)
     else:
         results, images, probabilities = evaluation.evaluate_split(chief, dataset)

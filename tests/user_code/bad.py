@@ -41,3 +41,7 @@ def keras3(features):
 
 
 not_a_function = 3
+
+
+def raising(split):
+    raise ValueError(f"no data for {split} today")

@@ -22,3 +22,32 @@ def model(features):
     regression = keras.Model(inputs, outputs)
     regression.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
     return regression
+
+
+def two_heads(features):
+    """Two outputs, listed in an order their names do not sort in: the value, and whether it is positive (with a
+    per-class F1, a metric that is not one number)."""
+    inputs = {name: keras.Input(shape=spec.shape, dtype=spec.dtype, name=name) for name, spec in features.items()}
+    joined = keras.layers.Concatenate()([keras.layers.Reshape((1,))(inputs["a"]), inputs["b"]])
+    hidden = keras.layers.Dense(16, activation="relu")(joined)
+    value = keras.layers.Dense(1, name="y_value")(hidden)
+    positive = keras.layers.Dense(1, activation="sigmoid", name="a_positive")(hidden)
+    heads = keras.Model(inputs, [value, positive])
+    heads.compile(
+        optimizer=keras.optimizers.Adam(0.01),
+        loss=["mse", "binary_crossentropy"],
+        metrics=[["mae"], [keras.metrics.F1Score(threshold=0.5)]],
+    )
+    return heads
+
+
+def two_heads_data(split):
+    """The regression data with a second label: whether y is positive."""
+    return datasets(split).map(lambda features, y: (features, (y, tf.cast(y > 0, tf.float32))))
+
+
+def colliding(features):
+    """The regression model with a metric named as the evaluate step's own record of the example count."""
+    regression = model(features)
+    regression.compile(optimizer="adam", loss="mse", metrics=[keras.metrics.MeanAbsoluteError(name="test_examples")])
+    return regression

@@ -137,7 +137,9 @@ def is_function(value: Any) -> bool:
 def parse_gate(value: str) -> tuple[str, str, float] | None:
     """A gate's metric, comparison (`>=` or `<=`) and threshold; None when `value` is not one."""
     match = _GATE.match(value) if isinstance(value, str) else None
-    return (match.group(1), match.group(2), float(match.group(3))) if match else None
+    if not match or not math.isfinite(float(match.group(3))):
+        return None
+    return match.group(1), match.group(2), float(match.group(3))
 
 
 def dns_subdomain_or_empty(what: str) -> Check:

@@ -13,7 +13,7 @@ from typing import Any
 
 from trainer.config.contract import DataConfig
 from trainer.core.errors import UsageError
-from trainer.core.functions import load
+from trainer.core.functions import call, load
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ def split_dataset(spec: str, function: Any, split: str) -> Any:
     import tensorflow as tf
 
     setting = f"source 'fn:{spec}'"
-    dataset = function(split)
+    dataset = call(function, setting, split)
     if not isinstance(dataset, tf.data.Dataset):
         raise UsageError(
             f"{setting} returned {type(dataset).__name__} for split {split!r}; allowed: a tf.data.Dataset of "
@@ -52,7 +52,7 @@ def prepare_function(spec: str, config: DataConfig, out: str) -> dict[str, Any]:
 
     from trainer import __version__
 
-    function = load(spec, "source 'fn:...'")
+    function = load(spec, f"source 'fn:{spec}'")
     limits = {"train": config.max_train_examples, "test": config.max_test_examples}
     splits: dict[str, Any] = {}
     specs = {}
@@ -60,8 +60,11 @@ def prepare_function(spec: str, config: DataConfig, out: str) -> dict[str, Any]:
         dataset = split_dataset(spec, function, split)
         if limits[split]:
             dataset = dataset.take(limits[split])
-        dataset.save(f"{out}/{split}")
-        count = int(tf.data.Dataset.load(f"{out}/{split}").cardinality())
+        # One shard, read back in order (`load_split`): by default save spreads elements over as many shards as
+        # this machine has CPUs and load interleaves them by the reading machine's CPUs, so each worker's every-Nth
+        # share would depend on the nodes the pods landed on.
+        dataset.save(f"{out}/{split}", shard_func=_one_shard)
+        count = int(tf.data.Dataset.load(f"{out}/{split}", reader_func=_in_order).cardinality())
         if count < 1:
             raise UsageError(f"source 'fn:{spec}' returned no examples for split {split!r}; allowed: at least 1")
         splits[split] = {"num_examples": count, "directory": split}
@@ -78,6 +81,16 @@ def prepare_function(spec: str, config: DataConfig, out: str) -> dict[str, Any]:
         "splits": splits,
         "created_by": f"trainer {__version__}",
     }
+
+
+def _one_shard(*_: Any) -> Any:
+    import tensorflow as tf
+
+    return tf.constant(0, tf.int64)
+
+
+def _in_order(shards: Any) -> Any:
+    return shards.flat_map(lambda shard: shard)
 
 
 def check_metadata(meta: dict[str, Any], path: str) -> dict[str, Any]:
@@ -119,4 +132,4 @@ def load_split(data_dir: str, meta: dict[str, Any], split: str) -> Any:
     path = f"{data_dir.rstrip('/')}/{meta['splits'][split]['directory']}"
     if not exists(f"{path}/dataset_spec.pb"):
         raise UsageError(f"dataset split {path!r} is missing (no dataset_spec.pb written by tf.data.Dataset.save)")
-    return tf.data.Dataset.load(path)
+    return tf.data.Dataset.load(path, reader_func=_in_order)

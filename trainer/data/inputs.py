@@ -23,14 +23,23 @@ def _nothing(*_: Any) -> bool:
     return False
 
 
-def examples(data_dir: str, meta: dict[str, Any], split: str) -> Any:
-    """A whole split, unbatched, as training feeds it: `(features, label)` pairs (images as float32)."""
+def _stored(data_dir: str, meta: dict[str, Any], split: str) -> Any:
+    """A whole split as stored: `(uint8 image, label)` pairs, or your function's `(features, label)` pairs."""
     import tensorflow as tf
 
     if functions.is_saved(meta):
         return functions.load_split(data_dir, meta, split)
-    records = tf.data.TFRecordDataset(shard_paths(data_dir, meta, split))
-    return records.map(decode_fn(tuple(meta["image_shape"]))).map(_as_float)
+    return tf.data.TFRecordDataset(shard_paths(data_dir, meta, split)).map(decode_fn(tuple(meta["image_shape"])))
+
+
+def _fed(meta: dict[str, Any], ds: Any) -> Any:
+    """`ds` as training feeds it: images as float32; your function's pairs as they are."""
+    return ds if functions.is_saved(meta) else ds.map(_as_float)
+
+
+def examples(data_dir: str, meta: dict[str, Any], split: str) -> Any:
+    """A whole split, unbatched, as training feeds it: `(features, label)` pairs (images as float32)."""
+    return _fed(meta, _stored(data_dir, meta, split))
 
 
 def features_spec(data_dir: str, meta: dict[str, Any]) -> Any:
@@ -136,10 +145,10 @@ def eval_dataset(
     data_dir: str, meta: dict[str, Any], global_batch: int, workers: int, rank: int, threads: int = 0
 ) -> Any:
     """This worker's share of the test split, repeated so every worker runs the same number of validation steps."""
-    ds = examples(data_dir, meta, "test")
+    ds = _stored(data_dir, meta, "test")
     if workers > 1:
         ds = ds.shard(workers, rank)
-    ds = ds.cache().repeat().batch(global_batch, drop_remainder=True)
+    ds = _fed(meta, ds.cache().repeat()).batch(global_batch, drop_remainder=True)
     return ds.with_options(_options(deterministic=False, threads=threads))
 
 

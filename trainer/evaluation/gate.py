@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 
 from trainer.config.checks import GATE_FORM, parse_gate
@@ -55,7 +56,7 @@ class Gate:
         return float(metrics[self.metric])
 
     def passes(self, metrics: Mapping[str, float]) -> bool:
-        """Whether the gate's metric is on the right side of the threshold."""
+        """Whether the gate's metric is on the right side of the threshold (never when it is NaN)."""
         value = self.value(metrics)
         return value >= self.threshold if self.higher_is_better else value <= self.threshold
 
@@ -67,5 +68,8 @@ class Gate:
         """Why the metrics do not pass, in words; empty when they do."""
         if self.passes(metrics):
             return ""
+        value = self.value(metrics)
+        if not math.isfinite(value):
+            return f"{self.metric} is {value} (the model diverged), not a number the gate {self.threshold:.4f} takes"
         side = "below" if self.higher_is_better else "above"
-        return f"{self.metric} {self.value(metrics):.4f} is {side} the gate {self.threshold:.4f}"
+        return f"{self.metric} {value:.4f} is {side} the gate {self.threshold:.4f}"

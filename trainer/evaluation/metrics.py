@@ -17,6 +17,8 @@ from trainer.modeling.export import SAVED_MODEL_DIR
 
 log = logging.getLogger(__name__)
 
+CNN_METRICS = ("accuracy", "loss")
+
 
 @dataclasses.dataclass(frozen=True)
 class Evaluation:
@@ -43,8 +45,8 @@ class Evaluation:
     split: str = "test"
 
     def scalars(self) -> dict[str, float]:
-        """The metrics a gate can name: `accuracy` and `loss`."""
-        return {"accuracy": self.accuracy, "loss": self.loss}
+        """The metrics a gate can name: `accuracy` and `loss` (CNN_METRICS)."""
+        return {name: getattr(self, name) for name in CNN_METRICS}
 
     def confusion(self) -> tuple[list[str], list[list[int]]]:
         """The class names and the confusion matrix as the Kubeflow UI's ClassificationMetrics takes them."""

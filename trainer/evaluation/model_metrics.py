@@ -14,6 +14,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from trainer.core.errors import UsageError
 from trainer.core.files import exists
 
@@ -39,7 +41,7 @@ class ModelEvaluation:
     split: str = "test"
 
     def scalars(self) -> dict[str, float]:
-        """The metrics a gate can name."""
+        """The metrics a gate can name (a diverged model's may be NaN: it fails any gate)."""
         return dict(self.metrics)
 
     def confusion(self) -> None:
@@ -53,18 +55,24 @@ class ModelEvaluation:
 
 @dataclasses.dataclass(frozen=True)
 class Sample:
-    """The first held-out examples' features and the Keras model's predictions for them (for the serving check)."""
+    """The first held-out examples' features and the Keras model's predictions for them, by output name.
+
+    The names are the model's `output_names`, which tf-keras gives the SavedModel's serving signature's outputs.
+    """
 
     features: Any
-    predictions: Any
+    predictions: dict[str, Any]
 
 
 def evaluate_model(model_dir: str, data_dir: str, examples: int, split: str = "test") -> tuple[ModelEvaluation, Sample]:
     """The compiled metrics of `model_dir/model.keras` on `split`, and its predictions for the first `examples`.
 
+    Metrics that are not one number (a per-class F1, say) are left out, with a log line: a gate and KFP's Metrics
+    artifact take scalars.
+
     Raises:
         UsageError: the model directory holds no model.keras, or it cannot be loaded (a custom object its module did
-            not register), or a metric is not a finite number.
+            not register).
     """
     import tensorflow as tf
     import tf_keras as keras
@@ -86,14 +94,17 @@ def evaluate_model(model_dir: str, data_dir: str, examples: int, split: str = "t
     meta = load_metadata(data_dir)
     data = split_examples(data_dir, meta, split)
     results = model.evaluate(data.batch(BATCH), return_dict=True, verbose=0)
-    bad = {name: value for name, value in results.items() if not math.isfinite(float(value))}
-    if bad:
-        raise UsageError(f"the model's metrics on the {split} split are not finite: {bad}")
+    vectors = sorted(name for name, value in results.items() if np.ndim(value) != 0)
+    if vectors:
+        log.info("left out of the evaluation, not one number each: %s", ", ".join(vectors))
     features = next(iter(data.batch(examples)))[0]
-    predictions = tf.nest.map_structure(lambda t: t.numpy(), model(features, training=False))
+    outputs = model(features, training=False)
+    if not isinstance(outputs, dict):
+        outputs = dict(zip(model.output_names, tf.nest.flatten(outputs), strict=True))
+    predictions = {name: np.asarray(value) for name, value in outputs.items()}
     features = tf.nest.map_structure(lambda t: t.numpy(), features)
     evaluation = ModelEvaluation(
-        metrics={name: round(float(value), 6) for name, value in sorted(results.items())},
+        metrics={name: _rounded(value) for name, value in sorted(results.items()) if name not in vectors},
         num_examples=int(meta["splits"][split]["num_examples"]),
         dataset=meta.get("source"),
         split=split,
@@ -105,6 +116,11 @@ def evaluate_model(model_dir: str, data_dir: str, examples: int, split: str = "t
         split,
     )
     return evaluation, Sample(features, predictions)
+
+
+def _rounded(value: Any) -> float:
+    number = float(value)
+    return round(number, 6) if math.isfinite(number) else number
 
 
 def run(model_dir: str, data_dir: str, output: str | None = None, split: str = "test") -> ModelEvaluation:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from trainer.evaluation.gate import Gate
@@ -11,6 +12,8 @@ from trainer.evaluation.model_metrics import ModelEvaluation
 from trainer.serving.check import ServingCheck
 
 PUBLISH = "publish"
+# What the evaluate step's Metrics artifact records besides the model's own metrics, which may not use these names.
+BOOKKEEPING = ("gate_threshold", "passed_gate", "serving_check_passed", "test_examples")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,9 +53,14 @@ class Verdict:
         return "hold: " + "; ".join(reasons) if reasons else PUBLISH
 
     def metrics(self) -> dict[str, float]:
-        """The scalars of the step's Metrics artifact (what the publish step compares and records)."""
+        """The scalars of the step's Metrics artifact (what the publish step compares and records).
+
+        A metric that is not a finite number (a diverged model's NaN loss) is left out: the artifact is JSON, which
+        has no NaN; the decision says why the model was held.
+        """
+        finite = {name: value for name, value in self.evaluation.scalars().items() if math.isfinite(value)}
         return {
-            **self.evaluation.scalars(),
+            **finite,
             "gate_threshold": self.gate.threshold,
             "passed_gate": int(self.passed_gate),
             "serving_check_passed": int(self.serving_check.passed),

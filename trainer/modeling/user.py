@@ -24,7 +24,9 @@ def build_user_model(function: Callable[[Any], Any], spec: str, features: Any) -
     """
     import tf_keras as keras
 
-    model = function(features)
+    from trainer.core.functions import call
+
+    model = call(function, f"model_fn {spec!r}", features)
     if not isinstance(model, keras.Model):
         raise UsageError(
             f"model_fn {spec!r} returned {type(model).__module__}.{type(model).__name__}; allowed: a tf_keras.Model "

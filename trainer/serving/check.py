@@ -308,31 +308,43 @@ def run(saved_model_dir: str, images: np.ndarray, expected: np.ndarray, timeout:
     )
 
 
+def _listed(value: Any) -> Any:
+    """An array as JSON values: numbers as they are, bytes (tf.string) as UTF-8 text, as TF Serving's REST API takes."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            raise CheckFailed("response", "a string feature is not UTF-8 text (binary needs {'b64': ...})") from None
+    if isinstance(value, list):
+        return [_listed(v) for v in value]
+    return value
+
+
 def _instances(features: Any, inputs: dict[str, Any]) -> list[Any]:
     """TF Serving row-format instances of `features` (an array, or a dict of arrays by input name)."""
     if isinstance(features, dict):
         if set(features) != set(inputs):
             raise CheckFailed("signature", f"inputs are {sorted(inputs)}, the features are {sorted(features)}")
         rows = len(next(iter(features.values())))
-        return [{name: np.asarray(value[i]).tolist() for name, value in features.items()} for i in range(rows)]
+        columns = {name: _listed(np.asarray(value).tolist()) for name, value in features.items()}
+        return [{name: column[i] for name, column in columns.items()} for i in range(rows)]
     if len(inputs) != 1:
         raise CheckFailed("signature", f"inputs are {sorted(inputs)}; the features are one tensor")
-    return np.asarray(features).tolist()
+    return _listed(np.asarray(features).tolist())
 
 
-def _by_output(expected: Any, outputs: list[str]) -> dict[str, np.ndarray]:
-    """The Keras model's predictions by signature output name (a list of outputs: in the signature's name order)."""
-    if isinstance(expected, dict):
-        if set(expected) != set(outputs):
-            raise CheckFailed("signature", f"outputs are {outputs}, the model's are {sorted(expected)}")
-        return {name: np.asarray(expected[name], dtype=np.float64) for name in outputs}
-    values = list(expected) if isinstance(expected, list | tuple) else [expected]
-    if len(values) != len(outputs):
-        raise CheckFailed("signature", f"outputs are {outputs}; the model returns {len(values)}")
-    return {name: np.asarray(v, dtype=np.float64) for name, v in zip(outputs, values, strict=True)}
+def _by_output(expected: dict[str, Any], outputs: list[str]) -> dict[str, np.ndarray]:
+    """The Keras model's predictions by signature output name (one output on each side: whatever the names)."""
+    if len(expected) == 1 and len(outputs) == 1:
+        return {outputs[0]: np.asarray(next(iter(expected.values())), dtype=np.float64)}
+    if set(expected) != set(outputs):
+        raise CheckFailed("signature", f"outputs are {outputs}, the model's are {sorted(expected)}")
+    return {name: np.asarray(expected[name], dtype=np.float64) for name in outputs}
 
 
-def run_outputs(saved_model_dir: str, features: Any, expected: Any, timeout: float = LOAD_TIMEOUT) -> ServingCheck:
+def run_outputs(
+    saved_model_dir: str, features: Any, expected: dict[str, Any], timeout: float = LOAD_TIMEOUT
+) -> ServingCheck:
     """Serves a model_fn's SavedModel in a fresh process, queries it with `features` and compares with `expected`.
 
     The SavedModel's `serving_default` signature is the model's own (its inputs and outputs); each answer must be
@@ -341,7 +353,7 @@ def run_outputs(saved_model_dir: str, features: Any, expected: Any, timeout: flo
     Args:
         saved_model_dir: the SavedModel directory (holding saved_model.pb).
         features: held-out examples' features, an array `[n, ...]` or a dict of them by input name.
-        expected: the Keras model's predictions for them (an array, a list of arrays or a dict by output name).
+        expected: the Keras model's predictions for them by output name (`model_metrics.Sample.predictions`).
         timeout: seconds the fresh process may take to load the model.
     """
     rows = len(next(iter(features.values()))) if isinstance(features, dict) else len(features)

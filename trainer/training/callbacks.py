@@ -117,7 +117,7 @@ class ThroughputHistory:
                 }
                 if outer._validation_start is not None:
                     entry["validation_seconds"] = round(now - outer._validation_start, 3)
-                entry.update({k: float(v) for k, v in (logs or {}).items()})
+                entry.update(scalar_logs(logs))
                 outer.epochs.append(entry)
                 if outer.log_epochs:
                     log_epoch(entry)
@@ -128,6 +128,13 @@ class ThroughputHistory:
         self._fit_start = 0.0
         self._validation_start: float | None = None
         self.callback = _Callback()
+
+
+def scalar_logs(logs: dict[str, Any] | None) -> dict[str, float]:
+    """Keras' epoch logs that are one number each (a per-class metric is not: history and TensorBoard take scalars)."""
+    import numpy as np
+
+    return {name: float(value) for name, value in (logs or {}).items() if np.ndim(value) == 0}
 
 
 def current_learning_rate(optimizer: Any) -> float:
@@ -179,7 +186,7 @@ class TensorBoardScalars:
 
         class _Callback(keras.callbacks.Callback):
             def on_epoch_end(self, epoch, logs=None):
-                logs = dict(logs or {})
+                logs = scalar_logs(logs)
                 step = epoch + 1
                 train = {name: value for name, value in logs.items() if not name.startswith("val_")}
                 train["learning_rate"] = current_learning_rate(self.model.optimizer)

@@ -74,7 +74,8 @@ def prepare(config: TrainConfig, chief: bool) -> Prepared:
     if functions.is_saved(meta) and not model_fn:
         raise UsageError(
             f"dataset {runtime.data_dir!r} was prepared from source {meta['source']!r}, whose features the built-in "
-            "CNN cannot train on; allowed: model_fn naming your model's function"
+            "CNN cannot train on; allowed: model_fn naming your model's function, with strategy "
+            "multi_worker_mirrored"
         )
     if not functions.is_saved(meta):
         verify_split(runtime.data_dir, meta, "train")
@@ -101,7 +102,7 @@ def prepare(config: TrainConfig, chief: bool) -> Prepared:
     keras.utils.set_random_seed(config.data.seed)
     if not model_fn:
         return Prepared(meta, log_dir, threads.intra)
-    return Prepared(meta, log_dir, threads.intra, load(model_fn, "model_fn"))
+    return Prepared(meta, log_dir, threads.intra, load(model_fn, f"model_fn {model_fn!r}"))
 
 
 @dataclasses.dataclass
