@@ -159,6 +159,14 @@ def command_task(
     argv = [tfjob.expand(part, environment) for part in command]
     everyone = cluster_lib.tasks(record.cluster)
     log.info("%s runs %s with TF_CONFIG %s", name, json.dumps(argv), json.dumps(tf_config))
+    if cluster_mode == "kubernetes" and not checkpoint_dir and len(everyone) > 1:
+        log.warning(
+            "%s: CHECKPOINT_DIR %s is on this pod's own disk: restarts in place keep it, but a lost pod's "
+            "replacement starts without it and cannot resume with its peers; set checkpoint_dir (or a claim) to "
+            "a location every task shares (docs/migrate-from-tfjob.md)",
+            name,
+            environment[CHECKPOINT_DIR_ENV],
+        )
     control = Control.of_task(record.control, tf_config) if record.control and max_restarts else None
     kubernetes = cluster_mode == "kubernetes"
     position = (

@@ -14,8 +14,9 @@ assembled under `.staging-<version>-<random>` and only then becomes `<version>`:
 
 `latest.json` is replaced whole (one PUT, or write-then-rename) after the version is complete. On any failure the
 staging prefix and the unfinished version are removed. A model worse than the one in `latest.json` on the gate's
-metric (accuracy by default; `loss` is worse when higher under `loss<=...`) is not published, and a new version number is always above every existing one, so TF Serving's "latest" policy
-serves the newest published model. One publisher at a time per `publish_uri` (a pipeline run publishes once).
+metric (accuracy by default; `loss` is worse when higher under `loss<=...`) is not published, and a new version
+number is always above every existing one, so TF Serving's "latest" policy serves the newest published model. One
+publisher at a time per `publish_uri` (a pipeline run publishes once).
 """
 
 from __future__ import annotations
