@@ -4,13 +4,14 @@ from kfp.dsl import Artifact, Input, Metrics, Model, Output
 
 
 def create_job_cluster(
-    cluster: Output[Artifact], chief: bool, run_id: str, num_workers: int, cluster_mode: str, port: int
+    cluster: Output[Artifact], chief: bool, num_ps: int, run_id: str, num_workers: int, cluster_mode: str, port: int
 ) -> list[int]:
-    """Gives the job's chief (when it has one) and each worker an address every other task can reach.
+    """Gives the job's chief (when it has one), each parameter server and each worker an address every task reaches.
 
     Args:
         cluster: cluster.json: the cluster spec of the job's TF_CONFIG, and its supervisors' addresses.
         chief: whether the job has a Chief replica.
+        num_ps: the PS replicas (0: none).
         num_workers: the Worker replicas.
 
     Returns:
@@ -27,6 +28,7 @@ def create_job_cluster(
         num_workers=num_workers,
         cluster_mode=cluster_mode,
         port=port,
+        num_ps=num_ps,
     )
     cluster.metadata.update(record.to_json())
     return list(range(num_workers))
@@ -48,16 +50,18 @@ def run_command(
     max_restarts: int,
     checkpoint_dir: str,
     cluster_mode: str,
+    chief_timeout: float,
 ):
     """Runs the replica's own command as one task of the job, with TF_CONFIG as TFJob's operator generated it.
 
     The command runs under this project's supervisor: Service and peer waits on a cluster, a start-up watchdog,
     restarts in place by the replica's restart policy, prompt stop on SIGTERM. Its environment names MODEL_DIR and
-    CHECKPOINT_DIR.
+    CHECKPOINT_DIR. In a job with parameter servers, the ps and worker tasks end when the chief's status says the job
+    is over.
 
     Args:
         cluster: the job's cluster.json from create_job_cluster.
-        task_type: chief or worker.
+        task_type: chief, ps or worker.
         index: this task's index within its type.
         command: the replica's command and args; `$(NAME)` is expanded from the environment as in a pod.
         env: the replica's environment variables.
@@ -88,6 +92,7 @@ def run_command(
             max_restarts=max_restarts,
             checkpoint_dir=checkpoint_dir,
             cluster_mode=cluster_mode,
+            chief_timeout=chief_timeout,
         )
     )
 

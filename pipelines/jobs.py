@@ -1,7 +1,7 @@
 """A TFJob as a pipeline: one pure factory, a `JobSpec` and an image in, a KFP pipeline out.
 
-    create job cluster -> chief (when the job has one) + workers, each running the replica's own command
-        -> the chief's model -> publish (when publish_uri is set)
+    create job cluster -> chief (when the job has one) + parameter servers (when it has them) + workers, each running
+        the replica's own command -> the chief's model -> publish (when publish_uri is set)
 
 The tasks run in their replica's image (built FROM this project's, or any TF image with this package installed);
 the other steps run in this project's image.
@@ -63,7 +63,7 @@ def tfjob_pipeline(
     runners = {
         r.type: dsl.component(declare(run_command), base_image=r.image, install_kfp_package=False) for r in job.replicas
     }
-    chief, workers = job.replica("chief"), job.replica("worker")
+    chief, servers, workers = job.replica("chief"), job.replica("ps"), job.replica("worker")
     overrides = {**settings.overrides(), "port": job.port}
     if any(r.restart_policy == "Never" for r in job.replicas):
         overrides["max_restarts"] = 0
@@ -89,18 +89,20 @@ def tfjob_pipeline(
         unschedulable_timeout: float,
         max_restarts: int,
         checkpoint_dir: str,
+        chief_timeout: float,
         publish_uri: str,
         storage: str,
         s3_endpoint: str,
     ) -> Model:
         """Runs the TFJob's replicas, each its own command with TF_CONFIG as TFJob's operator generated it.
 
-        create job cluster -> chief + workers (the user's command) -> the chief's model -> publish.
+        create job cluster -> chief + parameter servers + workers (the user's command) -> the chief's model -> publish.
         """
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
         cluster = create(
             run_id=run_id,
             chief=chief is not None,
+            num_ps=servers.count if servers else 0,
             num_workers=workers.count if workers else 0,
             cluster_mode=cluster_mode,
             port=port,
@@ -113,11 +115,16 @@ def tfjob_pipeline(
             "max_restarts": max_restarts,
             "checkpoint_dir": checkpoint_dir,
             "cluster_mode": cluster_mode,
+            "chief_timeout": chief_timeout,
         }
         if chief:
             # A one-item loop, so that its model is collected as the workers' would be (dsl.Collected needs a loop).
             with dsl.ParallelFor([0], name="chief") as index:
                 lead = task(chief, index, cluster, every)
+        if servers:
+            # They serve until the chief's status says the job is over (trainer.command.run.command_task).
+            with dsl.ParallelFor(list(range(servers.count)), name="parameter servers") as index:
+                task(servers, index, cluster, every)
         if workers:
             with dsl.ParallelFor(cluster.outputs["Output"], name="workers") as index:
                 worker = task(workers, index, cluster, every)

@@ -99,7 +99,9 @@ def _unmappable():
     ]
     container["resources"]["limits"]["nvidia.com/gpu"] = 1
     spec["containers"].append({"name": "logger", "image": "fluentbit"})
-    manifest["spec"]["tfReplicaSpecs"]["PS"] = copy.deepcopy(manifest["spec"]["tfReplicaSpecs"]["Worker"])
+    manifest["spec"]["tfReplicaSpecs"]["PS"] = {
+        "template": {"spec": {"containers": [{"name": "tensorflow", "image": "ps", "command": ["python"]}]}}
+    }
     manifest["spec"]["tfReplicaSpecs"]["Evaluator"] = {"replicas": 1}
     return manifest
 
@@ -116,7 +118,8 @@ def test_every_field_that_cannot_be_carried_over_is_named_in_one_refusal():
         "containers[0].env[3] (TF_CONFIG): TF_CONFIG is generated",
         "resources.limits.nvidia.com/gpu",
         "containers (logger): sidecar containers are not carried over",
-        "spec.tfReplicaSpecs.PS: parameter-server training of your own code is not supported yet",
+        "spec.tfReplicaSpecs.PS: parameter-server training needs a Chief (the coordinator that runs your training "
+        "loop) and Workers; the job has PS, Worker",
         "spec.tfReplicaSpecs.Evaluator: a side-car evaluator is not supported",
     ):
         assert field in message, field
@@ -246,7 +249,40 @@ def _chief_and_workers():
     return manifest
 
 
-@pytest.mark.parametrize("manifest", [_example, _chief_and_workers], ids=["workers", "chief and workers"])
+def _parameter_servers():
+    manifest = _chief_and_workers()
+    replicas = manifest["spec"]["tfReplicaSpecs"]
+    replicas["PS"] = {**copy.deepcopy(replicas["Worker"]), "replicas": 2}
+    return manifest
+
+
+def test_a_parameter_server_job_keeps_its_three_task_types_in_tfjobs_tf_config(tmp_path):
+    from trainer.command.run import create_job_cluster
+
+    job = read_manifest(_parameter_servers())
+    assert [(r.type, r.count) for r in job.replicas] == [("chief", 1), ("ps", 2), ("worker", 2)]
+    assert job.parameter_servers
+    record = create_job_cluster(str(tmp_path), "run-1", True, 2, "local", 2222, num_ps=2)
+    assert sorted(record.cluster) == ["chief", "ps", "worker"]
+    assert [len(record.cluster[k]) for k in ("chief", "ps", "worker")] == [1, 2, 2]
+    assert len(set(sum(record.cluster.values(), []))) == 5, "every task its own address"
+    assert tfjob.tf_config(record.cluster, "ps", 1) == {
+        "cluster": record.cluster,
+        "task": {"type": "ps", "index": 1},
+        "environment": "cloud",
+    }
+
+
+def test_a_parameter_server_job_without_a_chief_is_refused():
+    manifest = _parameter_servers()
+    del manifest["spec"]["tfReplicaSpecs"]["Chief"]
+    with pytest.raises(UsageError, match=r"PS: parameter-server training needs a Chief .*; the job has PS, Worker$"):
+        read_manifest(manifest)
+
+
+@pytest.mark.parametrize(
+    "manifest", [_example, _chief_and_workers, _parameter_servers], ids=["workers", "chief and workers", "with ps"]
+)
 def test_every_hand_off_of_a_compiled_job_has_the_type_its_component_declares(manifest, tmp_path):
     """As the KFP backend's driver checks it (tests/test_typeflow.py): the task index arrives as an integer."""
     from kfp import compiler
@@ -258,8 +294,19 @@ def test_every_hand_off_of_a_compiled_job_has_the_type_its_component_declares(ma
     flows = type_flow(next(yaml.safe_load_all((tmp_path / "job.yaml").read_text())))
     assert [f for f in flows if f[3] != f[4]] == []
     indices = [(got, want) for _, task, name, got, want in flows if task.startswith("run-command") and name == "index"]
-    assert indices == [("NUMBER_INTEGER", "NUMBER_INTEGER")] * (2 if manifest is _chief_and_workers else 1)
+    loops = {_example: 1, _chief_and_workers: 2, _parameter_servers: 3}[manifest]
+    assert indices == [("NUMBER_INTEGER", "NUMBER_INTEGER")] * loops
     assert {"publish-model", "create-job-cluster"} <= {task for _, task, *_ in flows}
+    if manifest is _parameter_servers:
+        spec = next(yaml.safe_load_all((tmp_path / "job.yaml").read_text()))
+        types = {
+            task["inputs"]["parameters"]["task_type"]["runtimeValue"]["constant"]
+            for component in spec["components"].values()
+            for name, task in component.get("dag", {}).get("tasks", {}).items()
+            if name.startswith("run-command")
+        }
+        assert types == {"chief", "ps", "worker"}
+        assert spec["root"]["inputDefinitions"]["parameters"]["chief_timeout"]["parameterType"] == "NUMBER_DOUBLE"
 
 
 def _exits_with_one(tmp_path):

@@ -131,6 +131,7 @@ class Supervisor:
         retryable: Callable[[int], bool] = RETRYABLE_EXIT_CODES.__contains__,
         formed: Callable[[], bool] | None = None,
         blame_peers: bool = False,
+        over: Callable[[], bool] | None = None,
     ) -> None:
         """Sets up the supervision; `run` does it.
 
@@ -150,6 +151,9 @@ class Supervisor:
             blame_peers: for a child that cannot say that a lost peer made it fail (a user's command exits 1 with
                 TensorFlow's traceback): an exit its restart policy would not retry counts as a lost peer (exit 138)
                 when, within two seconds, a peer's supervisor reports its own failure or stops answering.
+            over: for a child that serves until another task is done (a parameter server of a user's job, which
+                never exits on its own): polled once a second; True stops the child and ends the task with exit 0,
+                an exception stops it and ends the task with the exception's exit code (no restart either way).
         """
         self.command = list(command)
         self.env = dict(env)
@@ -162,6 +166,8 @@ class Supervisor:
         self.retryable = retryable
         self.formed = formed
         self.blame_peers = blame_peers
+        self.over = over
+        self._ended: int | None = None
         task = tf_config["task"] if tf_config else {"type": "worker", "index": 0}
         self.name = f"{task['type']} {task['index']}"
 
@@ -185,6 +191,8 @@ class Supervisor:
                     code = self._attempt(generation, signals, resume, deadline)
                 if signals.received is not None:
                     return 128 + signals.received
+                if self._ended is not None:
+                    return self._ended
                 if self.control:
                     self.control.set(generation, "done" if code == 0 else "failed")
                 if code == 0 or not self.retryable(code) or self.restarts >= self.max_restarts:
@@ -248,7 +256,7 @@ class Supervisor:
     ) -> int:
         formed = self.tf_config is None
         next_peer_check = time.monotonic() + PEER_POLL_SECONDS
-        next_formed_check = time.monotonic()
+        next_formed_check = next_over_check = time.monotonic()
         while True:
             code = child.poll()
             if code is not None:
@@ -257,6 +265,12 @@ class Supervisor:
                 log.info("%s: received signal %d; stopping the training process", self.name, signals.received)
                 _stop(child, self.grace)
                 return EXIT_TERMINATED
+            if self.over and time.monotonic() >= next_over_check:
+                next_over_check = time.monotonic() + PEER_POLL_SECONDS
+                self._ended = self._over()
+                if self._ended is not None:
+                    _stop(child, self.grace)
+                    return self._ended
             ready, _, _ = select.select([read_fd], [], [], POLL_SECONDS)
             now = time.monotonic()
             reported = ready and os.read(read_fd, 64).startswith(FORMED)
@@ -283,6 +297,14 @@ class Supervisor:
                     )
                     _stop(child, self.grace)
                     return EXIT_PEER_UNAVAILABLE
+
+    def _over(self) -> int | None:
+        """The task's exit code once `over` says the job is over (0) or raises (its code); None meanwhile."""
+        try:
+            return 0 if self.over() else None
+        except Exception as err:
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            return exit_code(err)
 
     def _exit(self, code: int, generation: int) -> int:
         """The child's exit code, or 138 when `blame_peers` finds a peer lost at the same time (see `__init__`)."""

@@ -42,7 +42,7 @@ LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
 
 
 def create_job_cluster(
-    output_dir: str, run_id: str, chief: bool, num_workers: int, cluster_mode: str, port: int
+    output_dir: str, run_id: str, chief: bool, num_workers: int, cluster_mode: str, port: int, num_ps: int = 0
 ) -> ClusterRecord:
     """Gives every task of a job an address and a control address and writes cluster.json (as `create_cluster`)."""
     from trainer.cluster.local import free_ports
@@ -50,7 +50,7 @@ def create_job_cluster(
 
     settings.check("cluster_mode", cluster_mode)
     settings.check("port", port)
-    total = num_workers + (1 if chief else 0)
+    total = num_workers + num_ps + (1 if chief else 0)
     if cluster_mode == "local":
         ports = free_ports(2 * total)
         addresses = [f"localhost:{p}" for p in ports[:total]]
@@ -59,8 +59,8 @@ def create_job_cluster(
         addresses = k8s.task_addresses(run_id, total, k8s.namespace(), port)
         control = [cluster_lib.next_port(a) for a in addresses]
     record = ClusterRecord(
-        cluster_lib.assign_addresses(addresses, num_workers, chief=chief),
-        cluster_lib.assign_addresses(control, num_workers, chief=chief),
+        cluster_lib.assign_addresses(addresses, num_workers, num_ps, chief=chief),
+        cluster_lib.assign_addresses(control, num_workers, num_ps, chief=chief),
         cluster_mode,
     )
     record.write(output_dir)
@@ -100,6 +100,20 @@ def _checkpoint_dir(checkpoint_dir: str, run_id: str) -> str:
     return os.path.join(tempfile.gettempdir(), "tfjob-checkpoints", k8s.run_key(run_id))
 
 
+def status_uri(cluster_mode: str, run_id: str) -> str:
+    """Where the chief of a job with parameter servers keeps its status.
+
+    A ConfigMap of the run in Kubernetes mode, else a file of the run on this machine (local tasks share its disk).
+    """
+    from trainer.k8s import objects as k8s
+    from trainer.k8s import status as configmap_status
+    from trainer.storage import status
+
+    if cluster_mode == "kubernetes":
+        return status.CONFIGMAP + configmap_status.configmap_name(run_id)
+    return os.path.join(tempfile.gettempdir(), "tfjob-status", f"{k8s.run_key(run_id)}.json")
+
+
 def _keep_model(model_dir: str, saved_model: str) -> None:
     """Puts the chief's SavedModel at MODEL_DIR/saved_model, where evaluation, publishing and serving read it."""
     target = os.path.join(model_dir, "saved_model")
@@ -110,6 +124,12 @@ def _keep_model(model_dir: str, saved_model: str) -> None:
         )
     if os.path.realpath(saved_model) != os.path.realpath(target):
         shutil.copytree(saved_model, target, dirs_exist_ok=True)
+
+
+def _succeed(code: int) -> None:
+    """Raises TaskFailedError for a failed supervised command (it wrote its own `error:` line)."""
+    if code:
+        raise TaskFailedError(code)
 
 
 def command_task(
@@ -128,17 +148,25 @@ def command_task(
     max_restarts: int,
     checkpoint_dir: str,
     cluster_mode: str,
+    chief_timeout: float = settings.default("chief_timeout"),
 ) -> dict[str, Any]:
     """Runs `command` as task `task_type`:`index` of the run's job under the supervisor; returns the Model metadata.
+
+    In a job with parameter servers the chief publishes its status while it runs (`trainer.cluster.chief`); the ps
+    and worker tasks, whose commands serve until stopped, end when it says the job is over (exit 0), when it failed
+    (1) or when its heartbeat is older than `chief_timeout` (138). Each task restarts alone by its restart policy,
+    as TFJob's did; a MultiWorkerMirrored job's tasks restart together.
 
     Raises:
         UsageError: a bad setting, or a chief that wrote no SavedModel; nothing was started or kept.
         TaskFailedError: the command failed for good; its exit code is kept.
     """
+    from trainer.cluster.chief import ChiefWatch, StatusPublisher
     from trainer.cluster.control import Control
     from trainer.cluster.peers import unreachable
     from trainer.cluster.supervisor import Supervisor
     from trainer.k8s import discovery
+    from trainer.storage.status import open_status
 
     for name, value in (
         ("startup_timeout", startup_timeout),
@@ -146,6 +174,7 @@ def command_task(
         ("max_restarts", max_restarts),
         ("checkpoint_dir", checkpoint_dir),
         ("cluster_mode", cluster_mode),
+        ("chief_timeout", chief_timeout),
     ):
         settings.check(name, value)
     retryable = tfjob.retryable(restart_policy)
@@ -167,7 +196,12 @@ def command_task(
             name,
             environment[CHECKPOINT_DIR_ENV],
         )
-    control = Control.of_task(record.control, tf_config) if record.control and max_restarts else None
+    servers = "ps" in record.cluster
+    together = record.control and max_restarts and not servers
+    control = Control.of_task(record.control, tf_config) if together else None
+    chief = cluster_lib.is_chief(tf_config)
+    store = open_status(status_uri(cluster_mode, run_id), run_id) if servers else None
+    over = ChiefWatch(store, startup_timeout, chief_timeout, name).over if servers and not chief else None
     kubernetes = cluster_mode == "kubernetes"
     position = (
         discovery.join_cluster(record.cluster, task_type, index, run_id, startup_timeout, unschedulable_timeout)
@@ -184,17 +218,22 @@ def command_task(
         retryable=retryable,
         formed=lambda: not unreachable(everyone),
         blame_peers=True,
+        over=over,
     )
     try:
-        code = supervisor.run()
+        if servers and chief:
+            # A failure inside publishes "failed", so that the parameter servers and workers end at once.
+            with StatusPublisher(store):
+                code = supervisor.run()
+                _succeed(code)
+        else:
+            code = supervisor.run()
     finally:
         if control:
             control.close()
         if kubernetes:
             discovery.leave_cluster(run_id, position)
-    if code:
-        raise TaskFailedError(code)
-    chief = cluster_lib.is_chief(tf_config)
+    _succeed(code)
     if not chief:
         write_json(os.path.join(model_dir, WORKER_FILE), {"task": f"{task_type}:{index}", "chief": False})
         return {"task": f"{task_type}:{index}", "chief": False}

@@ -20,7 +20,7 @@ from trainer.core.errors import RETRYABLE_EXIT_CODES, UsageError
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "TFJob"
-REPLICA_TYPES = {"Chief": "chief", "Worker": "worker"}
+REPLICA_TYPES = {"Chief": "chief", "PS": "ps", "Worker": "worker"}
 RESTART_POLICIES = ("Never", "OnFailure", "ExitCode", "Always")
 # The training-operator's ExitCode policy: these are permanent, every other code of 128 and above is retried.
 PERMANENT_EXIT_CODES = frozenset({1, 2, 126, 127, 128, 139})
@@ -111,6 +111,11 @@ class JobSpec:
     def replica(self, task_type: str) -> Replica | None:
         """The replica of this type, if the job has one."""
         return next((r for r in self.replicas if r.type == task_type), None)
+
+    @property
+    def parameter_servers(self) -> bool:
+        """Whether the job trains with parameter servers: its ps and worker tasks serve until the chief is done."""
+        return self.replica("ps") is not None
 
     @property
     def port(self) -> int:
@@ -250,8 +255,6 @@ def _replica(reader: _Reader, kind: str, spec: Any) -> Replica | None:
     field = f"spec.tfReplicaSpecs.{kind}"
     if kind not in REPLICA_TYPES:
         why = {
-            "PS": "parameter-server training of your own code is not supported yet; run it as MultiWorkerMirrored "
-            "(Chief/Worker replicas), or use this project's parameter_server pipeline for its own model",
             "Evaluator": "a side-car evaluator is not supported; evaluate after training in a step of its own",
             "Master": "rename it Chief (the same role in TensorFlow)",
         }.get(kind, f"unknown replica type; allowed: {', '.join(REPLICA_TYPES)}")
@@ -338,7 +341,14 @@ def read_manifest(manifest: Any) -> JobSpec:
         reader.warn(f"spec.runPolicy.{key} ({value!r})", _RUN_POLICY.get(key, "not applied"))
     replicas = [r for kind, rspec in (spec.get("tfReplicaSpecs") or {}).items() if (r := _replica(reader, kind, rspec))]
     if not replicas and not reader.refusals:
-        reader.refuse("spec.tfReplicaSpecs", "no replicas; give Worker (and optionally Chief)")
+        reader.refuse("spec.tfReplicaSpecs", "no replicas; give Worker (and optionally Chief, or Chief and PS)")
+    kinds = {r.type for r in replicas}
+    if "ps" in kinds and kinds != {"chief", "ps", "worker"}:
+        reader.refuse(
+            "spec.tfReplicaSpecs.PS",
+            "parameter-server training needs a Chief (the coordinator that runs your training loop) and Workers; "
+            f"the job has {', '.join(k for k, v in REPLICA_TYPES.items() if v in kinds)}",
+        )
     if replicas and len({r.port for r in replicas}) > 1:
         reader.refuse("spec.tfReplicaSpecs.*.ports (tfjob-port)", "every replica must use the same port")
     if reader.refusals:

@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 from trainer.cluster import tf_config as cluster_lib
+from trainer.cluster.chief import StatusPublisher, wait_for_chief
 from trainer.cluster.peers import lost_peer_message
 from trainer.config.contract import TrainConfig
-from trainer.core.errors import ChiefFailedError, PeerUnavailableError, UsageError
+from trainer.core.errors import PeerUnavailableError, UsageError
 from trainer.data.inputs import ps_dataset_creator
 from trainer.modeling.export import save_model
 from trainer.storage.status import open_status
@@ -32,9 +31,6 @@ from trainer.training import setup
 from trainer.training.history import History, of_run
 
 log = logging.getLogger(__name__)
-
-STATUS_INTERVAL = 2.0
-POLL_INTERVAL = 1.0
 
 
 def check_topology(tf_config: dict[str, Any] | None, config: TrainConfig | None = None) -> None:
@@ -54,79 +50,6 @@ def check_topology(tf_config: dict[str, Any] | None, config: TrainConfig | None 
             "parameter_server strategy needs a TF_CONFIG with one chief, at least one ps and at least one worker; "
             f"got jobs {sorted(tf_config['cluster']) if tf_config else 'none (no TF_CONFIG)'}"
         )
-
-
-class StatusPublisher:
-    """The chief's side: writes the status document now and keeps its heartbeat fresh from a thread.
-
-    Args:
-        store: a status URI (`configmap:NAME`, a path, `s3://`, `gs://`) or a store from `trainer.storage.status`.
-    """
-
-    def __init__(self, store: str | Any) -> None:
-        self.store = open_status(store) if isinstance(store, str) else store
-        self._stop = threading.Event()
-        self._state = "running"
-        self._detail = ""
-        self._thread = threading.Thread(target=self._beat, daemon=True)
-
-    def _write(self) -> None:
-        self.store.write({"state": self._state, "heartbeat": time.time(), "detail": self._detail})
-
-    def _beat(self) -> None:
-        while not self._stop.wait(STATUS_INTERVAL):
-            try:
-                self._write()
-            except Exception as err:  # noqa: BLE001 - a missed beat is retried; the servers' timeout is the limit
-                log.warning("chief: could not refresh the status heartbeat: %s", err)
-
-    def __enter__(self) -> StatusPublisher:
-        self._write()
-        self._thread.start()
-        return self
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._state, self._detail = ("failed", str(exc).splitlines()[0][:300]) if exc_type else ("succeeded", "")
-        self._write()
-
-
-def wait_for_chief(store: str | Any, startup_timeout: float, chief_timeout: float, what: str) -> None:
-    """A server's side: polls the chief's status until it says the job is over.
-
-    Args:
-        store: a status URI (`configmap:NAME`, a path, `s3://`, `gs://`) or a store from `trainer.storage.status`.
-        startup_timeout: seconds to wait for the first status.
-        chief_timeout: the oldest heartbeat that still counts as a live chief, in seconds.
-        what: this task's name for the messages.
-
-    Raises:
-        PeerUnavailableError: no status within `startup_timeout`, or a heartbeat older than `chief_timeout`.
-        ChiefFailedError: the chief reported a failure.
-    """
-    store = open_status(store) if isinstance(store, str) else store
-    uri = store.where
-    started = time.monotonic()
-    while True:
-        status = store.read()
-        if status is None:
-            if time.monotonic() - started > startup_timeout:
-                raise PeerUnavailableError(
-                    f"{what}: the chief published no status at {uri} within {startup_timeout:g}s"
-                )
-        elif status["state"] == "succeeded":
-            log.info("%s: the chief finished successfully; exiting", what)
-            return
-        elif status["state"] == "failed":
-            raise ChiefFailedError(f"{what}: the chief failed: {status.get('detail', '')}")
-        elif time.time() - status["heartbeat"] > chief_timeout:
-            age = time.time() - status["heartbeat"]
-            raise PeerUnavailableError(
-                f"{what}: the chief's heartbeat at {uri} is {age:.0f}s old "
-                f"(limit {chief_timeout:g}s); the chief vanished"
-            )
-        time.sleep(max(POLL_INTERVAL, store.poll_seconds))
 
 
 def run_server(config: TrainConfig, tf_config: dict[str, Any], on_started: Callable[[], None] | None = None) -> None:

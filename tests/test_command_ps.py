@@ -1,0 +1,92 @@
+"""A TFJob with Chief, PS and Worker replicas in command mode: three tasks, each the user's script under its own
+supervisor, as the compiled pipeline runs them (kfp.local cannot: it runs at most 2 loop iterations at once)."""
+
+import json
+import os
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.test_faults import Streamed, _env
+from trainer.command.record import JobRecord
+from trainer.command.run import create_job_cluster
+
+SCRIPT = ROOT / "tests" / "user_code" / "ps_train.py"
+TASKS = (("chief", 0), ("ps", 0), ("worker", 0))
+STEP = """
+import json, sys
+from trainer.cli import run_step
+from trainer.command.run import command_task
+run_step(command_task, **json.loads(sys.argv[1]))
+"""
+
+
+def _job(base, chief_env=None):
+    """The job's three tasks started as the pipeline's run-command steps would run them: {task: (run, model dir)}."""
+    run_id = f"ps-{uuid.uuid4().hex[:8]}"
+    create_job_cluster(str(base / "cluster"), run_id, True, 1, "local", 2222, num_ps=1)
+    started = {}
+    for task_type, index in TASKS:
+        model_dir = base / f"{task_type}-{index}"
+        arguments = {
+            "cluster_dir": str(base / "cluster"), "task_type": task_type, "index": index, "model_dir": str(model_dir),
+            "run_id": run_id, "command": [sys.executable, str(SCRIPT)],
+            "env": dict(chief_env or {}) if task_type == "chief" else {}, "restart_policy": "Never",
+            "saved_model": "", "image": "local", "startup_timeout": 120.0, "unschedulable_timeout": 120.0,
+            "max_restarts": 0, "checkpoint_dir": "", "cluster_mode": "local", "chief_timeout": 60.0,
+        }  # fmt: skip
+        started[task_type] = Streamed([sys.executable, "-c", STEP, json.dumps(arguments)], _env()), model_dir
+    return started
+
+
+def _script_processes():
+    """The pids of ps_train.py processes still running."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if str(SCRIPT).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def _finish(job):
+    codes = {}
+    try:
+        for name, (run, _) in job.items():
+            codes[name] = run.finish(300)
+    finally:
+        for run, _ in job.values():
+            run.kill()
+    return codes
+
+
+@pytest.mark.slow
+def test_the_parameter_servers_and_workers_end_when_the_chief_has_trained_and_saved(tmp_path):
+    job = _job(tmp_path)
+    codes = _finish(job)
+    output = {name: "\n".join(run.lines) for name, (run, _) in job.items()}
+    assert codes == {"chief": 0, "ps": 0, "worker": 0}, output
+    assert "chief: trained, loss" in output["chief"]
+    for name in ("ps", "worker"):
+        assert f"{name} 0: serving" in output[name] and f"{name} 0: the chief finished successfully" in output[name]
+    chief_dir = job["chief"][1]
+    assert (chief_dir / "saved_model" / "saved_model.pb").is_file()
+    assert JobRecord.read(str(chief_dir)).task == "chief:0"
+    assert json.loads((job["ps"][1] / "worker.json").read_text()) == {"task": "ps:0", "chief": False}
+    assert _script_processes() == [], "the servers' scripts were stopped, not left joined forever"
+
+
+@pytest.mark.slow
+def test_a_failed_chief_ends_the_parameter_servers_and_workers_with_its_failure(tmp_path):
+    job = _job(tmp_path, chief_env={"FAIL_AT_START": "1"})
+    codes = _finish(job)
+    output = {name: "\n".join(run.lines) for name, (run, _) in job.items()}
+    assert codes == {"chief": 1, "ps": 1, "worker": 1}, output
+    for name in ("ps", "worker"):
+        assert f"error: {name} 0: the chief failed" in output[name], output[name][-2000:]
+    assert _script_processes() == []

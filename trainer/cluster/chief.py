@@ -1,0 +1,126 @@
+"""The chief's status, for tasks that serve until the chief is done: parameter servers and their workers.
+
+Parameter servers (and, under ParameterServerStrategy, workers) only run a TensorFlow server; nothing in TensorFlow
+tells them the job is over. So the chief publishes a small status document (a ConfigMap of the run on Kubernetes, a
+local file, or an s3:// or gs:// object; `trainer.storage.status`) and refreshes it every `STATUS_INTERVAL` seconds:
+
+    {"state": "running" | "succeeded" | "failed", "heartbeat": <unix time>, "detail": "..."}
+
+The servers' side reads it (`ChiefWatch`): `succeeded` -> the job is over; `failed` -> ChiefFailedError; no status
+within the start-up timeout, or a heartbeat older than the chief timeout (the chief vanished) -> PeerUnavailableError.
+This project's parameter-server runner and a TFJob's PS replicas in command mode use it alike. No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from trainer.core.errors import ChiefFailedError, PeerUnavailableError
+from trainer.storage.status import open_status
+
+log = logging.getLogger(__name__)
+
+STATUS_INTERVAL = 2.0
+POLL_INTERVAL = 1.0
+
+
+class StatusPublisher:
+    """The chief's side: writes the status document now and keeps its heartbeat fresh from a thread.
+
+    Args:
+        store: a status URI (`configmap:NAME`, a path, `s3://`, `gs://`) or a store from `trainer.storage.status`.
+    """
+
+    def __init__(self, store: str | Any) -> None:
+        self.store = open_status(store) if isinstance(store, str) else store
+        self._stop = threading.Event()
+        self._state = "running"
+        self._detail = ""
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+
+    def _write(self) -> None:
+        self.store.write({"state": self._state, "heartbeat": time.time(), "detail": self._detail})
+
+    def _beat(self) -> None:
+        while not self._stop.wait(STATUS_INTERVAL):
+            try:
+                self._write()
+            except Exception as err:  # noqa: BLE001 - a missed beat is retried; the servers' timeout is the limit
+                log.warning("chief: could not refresh the status heartbeat: %s", err)
+
+    def __enter__(self) -> StatusPublisher:
+        self._write()
+        self._thread.start()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._state, self._detail = ("failed", str(exc).splitlines()[0][:300]) if exc_type else ("succeeded", "")
+        self._write()
+
+
+class ChiefWatch:
+    """A server's side: reads the chief's status and says whether the job is over.
+
+    Args:
+        store: a status URI (`configmap:NAME`, a path, `s3://`, `gs://`) or a store from `trainer.storage.status`.
+        startup_timeout: seconds to wait for the first status.
+        chief_timeout: the oldest heartbeat that still counts as a live chief, in seconds.
+        what: this task's name for the messages.
+    """
+
+    def __init__(self, store: str | Any, startup_timeout: float, chief_timeout: float, what: str) -> None:
+        self.store = open_status(store) if isinstance(store, str) else store
+        self.startup_timeout = startup_timeout
+        self.chief_timeout = chief_timeout
+        self.what = what
+        self.started = time.monotonic()
+
+    @property
+    def poll_seconds(self) -> float:
+        """How often to read the status."""
+        return max(POLL_INTERVAL, self.store.poll_seconds)
+
+    def over(self) -> bool:
+        """True once the chief says it succeeded; False while it runs.
+
+        Raises:
+            PeerUnavailableError: no status within `startup_timeout`, or a heartbeat older than `chief_timeout`.
+            ChiefFailedError: the chief reported a failure.
+        """
+        uri = self.store.where
+        status = self.store.read()
+        if status is None:
+            if time.monotonic() - self.started > self.startup_timeout:
+                raise PeerUnavailableError(
+                    f"{self.what}: the chief published no status at {uri} within {self.startup_timeout:g}s"
+                )
+            return False
+        if status["state"] == "succeeded":
+            log.info("%s: the chief finished successfully; exiting", self.what)
+            return True
+        if status["state"] == "failed":
+            raise ChiefFailedError(f"{self.what}: the chief failed: {status.get('detail', '')}")
+        age = time.time() - status["heartbeat"]
+        if age > self.chief_timeout:
+            raise PeerUnavailableError(
+                f"{self.what}: the chief's heartbeat at {uri} is {age:.0f}s old "
+                f"(limit {self.chief_timeout:g}s); the chief vanished"
+            )
+        return False
+
+
+def wait_for_chief(store: str | Any, startup_timeout: float, chief_timeout: float, what: str) -> None:
+    """A server's side: polls the chief's status until it says the job is over (`ChiefWatch`).
+
+    Raises:
+        PeerUnavailableError: no status within `startup_timeout`, or a heartbeat older than `chief_timeout`.
+        ChiefFailedError: the chief reported a failure.
+    """
+    watch = ChiefWatch(store, startup_timeout, chief_timeout, what)
+    while not watch.over():
+        time.sleep(watch.poll_seconds)
