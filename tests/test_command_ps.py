@@ -24,12 +24,13 @@ run_step(command_task, **json.loads(sys.argv[1]))
 """
 
 
-def _job(base, chief_env=None):
-    """The job's three tasks started as the pipeline's run-command steps would run them: {task: (run, model dir)}."""
-    run_id = f"ps-{uuid.uuid4().hex[:8]}"
-    create_job_cluster(str(base / "cluster"), run_id, True, 1, "local", 2222, num_ps=1)
-    started = {}
-    for task_type, index in TASKS:
+def _job(base, chief_env=None, tasks=TASKS, run_id=None):
+    """The job's tasks started as the pipeline's run-command steps would run them: {task: (run, model dir)}."""
+    if run_id is None:
+        run_id = f"ps-{uuid.uuid4().hex[:8]}"
+        create_job_cluster(str(base / "cluster"), run_id, True, 1, "local", 2222, num_ps=1)
+    started = {"run_id": run_id}
+    for task_type, index in tasks:
         model_dir = base / f"{task_type}-{index}"
         arguments = {
             "cluster_dir": str(base / "cluster"), "task_type": task_type, "index": index, "model_dir": str(model_dir),
@@ -42,12 +43,13 @@ def _job(base, chief_env=None):
     return started
 
 
-def _script_processes():
-    """The pids of ps_train.py processes still running."""
+def _script_processes(base):
+    """The pids of this test's ps_train.py processes (their MODEL_DIR is under `base`) still running."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if str(SCRIPT).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+            running = str(SCRIPT).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+            if running and f"MODEL_DIR={base}".encode() in Path(f"/proc/{pid}/environ").read_bytes():
                 found.append(int(pid))
         except OSError:
             continue
@@ -57,19 +59,23 @@ def _script_processes():
 def _finish(job):
     codes = {}
     try:
-        for name, (run, _) in job.items():
+        for name, (run, _) in _tasks(job).items():
             codes[name] = run.finish(300)
     finally:
-        for run, _ in job.values():
+        for run, _ in _tasks(job).values():
             run.kill()
     return codes
+
+
+def _tasks(job):
+    return {name: task for name, task in job.items() if name != "run_id"}
 
 
 @pytest.mark.slow
 def test_the_parameter_servers_and_workers_end_when_the_chief_has_trained_and_saved(tmp_path):
     job = _job(tmp_path)
     codes = _finish(job)
-    output = {name: "\n".join(run.lines) for name, (run, _) in job.items()}
+    output = {name: "\n".join(run.lines) for name, (run, _) in _tasks(job).items()}
     assert codes == {"chief": 0, "ps": 0, "worker": 0}, output
     assert "chief: trained, loss" in output["chief"]
     for name in ("ps", "worker"):
@@ -78,15 +84,33 @@ def test_the_parameter_servers_and_workers_end_when_the_chief_has_trained_and_sa
     assert (chief_dir / "saved_model" / "saved_model.pb").is_file()
     assert JobRecord.read(str(chief_dir)).task == "chief:0"
     assert json.loads((job["ps"][1] / "worker.json").read_text()) == {"task": "ps:0", "chief": False}
-    assert _script_processes() == [], "the servers' scripts were stopped, not left joined forever"
+    assert _script_processes(tmp_path) == [], "the servers' scripts were stopped, not left joined forever"
 
 
 @pytest.mark.slow
 def test_a_failed_chief_ends_the_parameter_servers_and_workers_with_its_failure(tmp_path):
     job = _job(tmp_path, chief_env={"FAIL_AT_START": "1"})
     codes = _finish(job)
-    output = {name: "\n".join(run.lines) for name, (run, _) in job.items()}
+    output = {name: "\n".join(run.lines) for name, (run, _) in _tasks(job).items()}
     assert codes == {"chief": 1, "ps": 1, "worker": 1}, output
     for name in ("ps", "worker"):
         assert f"error: {name} 0: the chief failed" in output[name], output[name][-2000:]
-    assert _script_processes() == []
+    assert _script_processes(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_a_lost_chief_retried_like_kfp_retries_it_takes_over_while_the_servers_keep_serving(tmp_path):
+    job = _job(tmp_path, chief_env={"EPOCHS": "30"})
+    first, _ = job["chief"]
+    first.wait_for(r"Epoch 2/30", 300)
+    first.proc.kill()  # the chief's pod is lost: its supervisor at once, its script by PR_SET_PDEATHSIG
+    assert first.finish(60) == -9
+    retried = _job(tmp_path, chief_env={"EPOCHS": "3"}, tasks=(("chief", 0),), run_id=job["run_id"])
+    codes = _finish({**job, "chief": retried["chief"]})
+    output = {name: "\n".join(run.lines) for name, (run, _) in _tasks(job).items()}
+    retried_output = "\n".join(retried["chief"][0].lines)
+    assert codes == {"chief": 0, "ps": 0, "worker": 0}, (output, retried_output)
+    assert "chief: trained, loss" in retried_output
+    for name in ("ps", "worker"):
+        assert f"{name} 0: the chief finished successfully" in output[name]
+    assert _script_processes(tmp_path) == []

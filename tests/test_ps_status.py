@@ -85,9 +85,9 @@ def test_states_and_heartbeats_on_the_configmap_decide_the_servers_exit(cluster)
         ps.wait_for_chief(_store(url), 5, 30, "ps 0")
     stale = {"state": "running", "heartbeat": time.time() - 100, "detail": ""}
     standin.add("configmaps", NS, {"metadata": {"name": "stale"}, "data": {"status.json": json.dumps(stale)}})
-    stale_line = r"worker 1: the chief's heartbeat at configmap team-a/stale is 1\d\ds"
+    stale_line = r"worker 1: the chief's heartbeat at configmap team-a/stale is 1\d\ds old \(limit 2s\)"
     with pytest.raises(PeerUnavailableError, match=stale_line):
-        ps.wait_for_chief(_store(url, "stale"), 5, 30, "worker 1")
+        ps.wait_for_chief(_store(url, "stale"), 5, 2, "worker 1")
 
 
 def test_a_retried_chief_takes_over_its_configmap(cluster):

@@ -2,7 +2,7 @@
 
 Parameter servers and workers start a TensorFlow server and join it forever; the chief builds a
 ParameterServerStrategy from TF_CONFIG, fits with a DatasetCreator and saves the model. FAIL_AT_START=1 makes the
-chief fail before it trains.
+chief fail before it trains; EPOCHS sets the epochs (3).
 """
 
 import os
@@ -40,7 +40,12 @@ def main():
     with strategy.scope():
         model = keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(1)])
         model.compile(keras.optimizers.SGD(0.1), loss="mse", steps_per_execution=5)
-    history = model.fit(keras.utils.experimental.DatasetCreator(dataset_fn), epochs=3, steps_per_epoch=20, verbose=2)
+    history = model.fit(
+        keras.utils.experimental.DatasetCreator(dataset_fn),
+        epochs=int(os.environ.get("EPOCHS", "3")),
+        steps_per_epoch=20,
+        verbose=2,
+    )
     print(f"chief: trained, loss {history.history['loss'][-1]:.4f}", flush=True)
     model.save(os.path.join(os.environ["MODEL_DIR"], "saved_model"))
     return 0

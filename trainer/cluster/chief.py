@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 STATUS_INTERVAL = 2.0
 POLL_INTERVAL = 1.0
+FINAL_WRITES = 3
 
 
 class StatusPublisher:
@@ -39,6 +40,7 @@ class StatusPublisher:
         self._stop = threading.Event()
         self._state = "running"
         self._detail = ""
+        self._abandoned = False
         self._thread = threading.Thread(target=self._beat, daemon=True)
 
     def _write(self) -> None:
@@ -56,15 +58,35 @@ class StatusPublisher:
         self._thread.start()
         return self
 
+    def abandon(self) -> None:
+        """Stops the heartbeat without a final state: a retried chief may take over within the servers' timeout."""
+        self._abandoned = True
+
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         self._stop.set()
         self._thread.join()
-        self._state, self._detail = ("failed", str(exc).splitlines()[0][:300]) if exc_type else ("succeeded", "")
-        self._write()
+        if self._abandoned:
+            log.info("chief: its status stays 'running' without a heartbeat until a retried chief takes over")
+            return
+        lines = str(exc).strip().splitlines() if exc_type else []
+        self._state, self._detail = ("failed", (lines or [repr(exc)])[0][:300]) if exc_type else ("succeeded", "")
+        for attempt in range(FINAL_WRITES):
+            try:
+                self._write()
+                return
+            except Exception as err:
+                if attempt == FINAL_WRITES - 1:
+                    raise
+                log.warning("chief: could not write its final status (%s); trying again", err)
+                time.sleep(STATUS_INTERVAL)
 
 
 class ChiefWatch:
     """A server's side: reads the chief's status and says whether the job is over.
+
+    Its clocks start at its first read. A heartbeat older than `chief_timeout` means the chief vanished only once
+    this watch has itself waited that long, so a server that starts (or is retried) beside a chief being retried
+    waits for the new chief's first heartbeat; a status that cannot be read (an API hiccup) is retried the same way.
 
     Args:
         store: a status URI (`configmap:NAME`, a path, `s3://`, `gs://`) or a store from `trainer.storage.status`.
@@ -78,7 +100,9 @@ class ChiefWatch:
         self.startup_timeout = startup_timeout
         self.chief_timeout = chief_timeout
         self.what = what
-        self.started = time.monotonic()
+        self.started: float | None = None
+        self.last_read = 0.0
+        self.next_read = 0.0
 
     @property
     def poll_seconds(self) -> float:
@@ -86,16 +110,32 @@ class ChiefWatch:
         return max(POLL_INTERVAL, self.store.poll_seconds)
 
     def over(self) -> bool:
-        """True once the chief says it succeeded; False while it runs.
+        """True once the chief says it succeeded; False while it runs (or before the next read is due).
 
         Raises:
-            PeerUnavailableError: no status within `startup_timeout`, or a heartbeat older than `chief_timeout`.
+            PeerUnavailableError: no status within `startup_timeout`, a heartbeat older than `chief_timeout` for as
+                long, or no successful read for `chief_timeout`.
             ChiefFailedError: the chief reported a failure.
         """
+        now = time.monotonic()
+        if self.started is None:
+            self.started = self.last_read = now
+        if now < self.next_read:
+            return False
+        self.next_read = now + self.poll_seconds
         uri = self.store.where
-        status = self.store.read()
+        try:
+            status = self.store.read()
+        except Exception as err:
+            if now - self.last_read > self.chief_timeout:
+                raise PeerUnavailableError(
+                    f"{self.what}: the chief's status at {uri} could not be read for {self.chief_timeout:g}s: {err}"
+                ) from None
+            log.warning("%s: could not read the chief's status at %s (%s); trying again", self.what, uri, err)
+            return False
+        self.last_read = now
         if status is None:
-            if time.monotonic() - self.started > self.startup_timeout:
+            if now - self.started > self.startup_timeout:
                 raise PeerUnavailableError(
                     f"{self.what}: the chief published no status at {uri} within {self.startup_timeout:g}s"
                 )
@@ -106,7 +146,7 @@ class ChiefWatch:
         if status["state"] == "failed":
             raise ChiefFailedError(f"{self.what}: the chief failed: {status.get('detail', '')}")
         age = time.time() - status["heartbeat"]
-        if age > self.chief_timeout:
+        if age > self.chief_timeout and now - self.started > self.chief_timeout:
             raise PeerUnavailableError(
                 f"{self.what}: the chief's heartbeat at {uri} is {age:.0f}s old "
                 f"(limit {self.chief_timeout:g}s); the chief vanished"
@@ -123,4 +163,4 @@ def wait_for_chief(store: str | Any, startup_timeout: float, chief_timeout: floa
     """
     watch = ChiefWatch(store, startup_timeout, chief_timeout, what)
     while not watch.over():
-        time.sleep(watch.poll_seconds)
+        time.sleep(POLL_INTERVAL / 4)

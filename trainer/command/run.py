@@ -29,7 +29,7 @@ from trainer.command import tfjob
 from trainer.command.record import JobRecord, reported_metrics
 from trainer.config import registry as settings
 from trainer.core import cpus
-from trainer.core.errors import TaskFailedError, UsageError
+from trainer.core.errors import RETRYABLE_EXIT_CODES, TaskFailedError, UsageError
 from trainer.core.files import write_json
 
 log = logging.getLogger(__name__)
@@ -201,6 +201,7 @@ def command_task(
     control = Control.of_task(record.control, tf_config) if together else None
     chief = cluster_lib.is_chief(tf_config)
     store = open_status(status_uri(cluster_mode, run_id), run_id) if servers else None
+    # Its clocks start at its first read, once this task has joined the cluster.
     over = ChiefWatch(store, startup_timeout, chief_timeout, name).over if servers and not chief else None
     kubernetes = cluster_mode == "kubernetes"
     position = (
@@ -220,24 +221,30 @@ def command_task(
         blame_peers=True,
         over=over,
     )
+
+    def result(code: int) -> dict[str, Any]:
+        _succeed(code)
+        if not chief:
+            write_json(os.path.join(model_dir, WORKER_FILE), {"task": f"{task_type}:{index}", "chief": False})
+            return {"task": f"{task_type}:{index}", "chief": False}
+        _keep_model(model_dir, tfjob.expand(saved_model or DEFAULT_SAVED_MODEL, environment))
+        metrics = reported_metrics(model_dir)
+        JobRecord(run_id, f"{task_type}:{index}", tuple(argv), image, supervisor.restarts, metrics).write(model_dir)
+        return {"task": f"{task_type}:{index}", "chief": True, **metrics}
+
     try:
-        if servers and chief:
-            # A failure inside publishes "failed", so that the parameter servers and workers end at once.
-            with StatusPublisher(store):
-                code = supervisor.run()
-                _succeed(code)
-        else:
+        if not (servers and chief):
+            return result(supervisor.run())
+        # The servers end with the chief's final state: "succeeded" once its model is kept, "failed" when it failed
+        # for good. Killed, lost or stopped (a drained node), it leaves no final state: KFP's retry may bring it
+        # back within chief_timeout, while the servers keep serving.
+        with StatusPublisher(store) as status:
             code = supervisor.run()
+            if code in RETRYABLE_EXIT_CODES:
+                status.abandon()
+            return result(code)
     finally:
         if control:
             control.close()
         if kubernetes:
             discovery.leave_cluster(run_id, position)
-    _succeed(code)
-    if not chief:
-        write_json(os.path.join(model_dir, WORKER_FILE), {"task": f"{task_type}:{index}", "chief": False})
-        return {"task": f"{task_type}:{index}", "chief": False}
-    _keep_model(model_dir, tfjob.expand(saved_model or DEFAULT_SAVED_MODEL, environment))
-    metrics = reported_metrics(model_dir)
-    JobRecord(run_id, f"{task_type}:{index}", tuple(argv), image, supervisor.restarts, metrics).write(model_dir)
-    return {"task": f"{task_type}:{index}", "chief": True, **metrics}

@@ -16,6 +16,9 @@ log = logging.getLogger(__name__)
 KEY = "status.json"
 
 
+READ_TIMEOUT = 10.0
+
+
 def configmap_name(run_id: str) -> str:
     """`tfw-<run key>-status`: the run's status ConfigMap."""
     from trainer.k8s import objects as k8s
@@ -88,7 +91,7 @@ class ConfigMapStatus:
         from trainer.k8s import objects as k8s
 
         try:
-            found = self.api.read_namespaced_config_map(self.name, self.namespace)
+            found = self.api.read_namespaced_config_map(self.name, self.namespace, _request_timeout=READ_TIMEOUT)
         except ApiException as err:
             if err.status == 404:
                 return None
