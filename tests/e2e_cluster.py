@@ -104,15 +104,21 @@ def pipeline_root() -> Path:
     return root
 
 
-def training_containers(client: Any, image: str) -> dict[int, Any]:
-    """The running train_worker containers of `image`, by worker index (read from their logs once they joined)."""
+def training_containers(
+    client: Any, image: str, step: str = "train_worker", joined: str = "this is worker {index} "
+) -> dict[int, Any]:
+    """The running containers of `image` running `step`, by worker index (their logs say `joined` once they joined).
+
+    The trainer's workers by default; a command-mode job's tasks with `step="run_command"` and
+    `joined="worker {index} runs "`.
+    """
     found = {}
     for container in client.containers.list(filters={"ancestor": image}):
-        if "train_worker" not in " ".join(container.attrs["Args"]):
+        if step not in " ".join(container.attrs["Args"]):
             continue
         logs = container.logs().decode(errors="replace")
         for index in (0, 1):
-            if f"this is worker {index} " in logs:
+            if joined.format(index=index) in logs:
                 found[index] = container
     return found
 

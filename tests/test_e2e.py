@@ -113,17 +113,21 @@ def test_the_pipeline_trains_in_containers_finding_each_other_by_service_name(cl
 
 
 class Killer:
-    """Kills the container of training worker `index` once its log shows `pattern` (a thread); `at` is when."""
+    """Kills the container of training worker `index` once its log shows `pattern` (a thread); `at` is when.
 
-    def __init__(self, client, image, index, pattern):
+    `**which`: how to find the workers' containers (`e2e_cluster.training_containers`).
+    """
+
+    def __init__(self, client, image, index, pattern, **which):
         self.at = None
+        self._which = which
         self._thread = threading.Thread(target=self._kill, args=(client, image, index, pattern), daemon=True)
         self._thread.start()
 
     def _kill(self, client, image, index, pattern):
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            workers = e2e_cluster.training_containers(client, image)
+            workers = e2e_cluster.training_containers(client, image, **self._which)
             if index in workers and re.search(pattern, workers[index].logs().decode(errors="replace")):
                 workers[index].kill()
                 self.at, self.wall = time.monotonic(), time.time()
@@ -314,3 +318,54 @@ def test_the_tabular_example_in_module_mode_trains_in_its_own_image_gated_on_auc
         client.images.remove(example, force=True)
     with capfd.disabled():
         print(f"\ne2e module mode, tabular example: test AUC {auc:.4f} on 2 workers, {baseline:.4f} in one process")
+
+
+def test_a_lost_pod_of_a_tfjobs_command_is_re_created_and_resumes_from_the_shared_checkpoints(cluster, capfd):
+    """The tabular example's TFJob in its own image, worker 1's pod lost in epoch 3: KFP's retry re-creates it, the
+    chief's command restarts in place with it, and both resume from BackupAndRestore's checkpoint in a checkpoint_dir
+    every task shares (here under the pipeline root, which every container mounts, as a claim would be)."""
+    import docker
+    import yaml
+    from kfp import local
+
+    from pipelines.jobs import tfjob_pipeline
+    from trainer.command.tfjob import read_manifest
+
+    client, network, stand_in, image = cluster
+    try:
+        client.images.get(EXAMPLE_IMAGE)
+    except docker.errors.ImageNotFound:
+        pytest.fail(f"the engine has no image {EXAMPLE_IMAGE}: `make e2e` builds it")
+    example = e2e_cluster.pod_image(client, EXAMPLE_IMAGE, stand_in)
+    try:
+        job = read_manifest(
+            yaml.safe_load((Path(__file__).parents[1] / "pipelines/tabular_example/tfjob.yaml").read_text())
+        )
+        epochs = "--epochs=300"
+        replicas = tuple(dataclasses.replace(r, image=example, args=(*r.args, epochs)) for r in job.replicas)
+        job = dataclasses.replace(job, replicas=replicas)
+        root = e2e_cluster.pipeline_root()
+        local.init(runner=e2e_cluster.docker_runner(network, stand_in), pipeline_root=str(root), raise_on_error=False)
+        killer = Killer(client, example, 1, r"Epoch 3/300", step="run_command", joined="worker {index} runs ")
+        tfjob_pipeline(job, image)(
+            cluster_mode="kubernetes", checkpoint_dir=str(root / "checkpoints"), publish_uri=str(root / "published")
+        )
+        killer.join()
+        logs = capfd.readouterr().out
+        assert killer.at is not None, logs[-3000:]
+        assert (root / "published" / "latest.json").is_file(), logs[-4000:]
+        runs = [m.start() for m in re.finditer(r"worker 1 runs ", logs)]
+        assert len(runs) == 2, "worker 1's pod was re-created and ran its command again: " + logs[-3000:]
+        assert re.search(r"worker 0: restart 1 of 2 in place \(exit code 138\)", logs), logs[-4000:]
+        again = [int(e) for e in re.findall(r"Epoch (\d+)/300", logs[runs[1] :])]
+        assert again and min(again) >= 3, "both resumed from the shared checkpoint, not from epoch 1"
+        latest = json.loads((root / "published" / "latest.json").read_text())
+        assert latest["metrics"]["auc"] >= 0.97, latest["metrics"]
+        assert stand_in.api.items("services") == {}, "the replacement adopted its Service and deleted it at the end"
+    finally:
+        client.images.remove(example, force=True)
+    with capfd.disabled():
+        print(
+            f"\ne2e command mode, lost worker 1: resumed after epoch {min(again) - 1}, test AUC "
+            f"{latest['metrics']['auc']:.4f}, kill -> end {time.monotonic() - killer.at:.0f}s"
+        )
