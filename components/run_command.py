@@ -4,15 +4,23 @@ from kfp.dsl import Artifact, Input, Metrics, Model, Output
 
 
 def create_job_cluster(
-    cluster: Output[Artifact], chief: bool, num_ps: int, run_id: str, num_workers: int, cluster_mode: str, port: int
+    cluster: Output[Artifact],
+    chief: bool,
+    evaluator: bool,
+    num_ps: int,
+    run_id: str,
+    num_workers: int,
+    cluster_mode: str,
+    port: int,
 ) -> list[int]:
-    """Gives the job's chief (when it has one), each parameter server and each worker an address every task reaches.
+    """Gives each task of the job (chief, parameter servers, workers, evaluator) an address every task reaches.
 
     Args:
         cluster: cluster.json: the cluster spec of the job's TF_CONFIG, and its supervisors' addresses.
         chief: whether the job has a Chief replica.
+        evaluator: whether the job has an Evaluator replica.
         num_ps: the PS replicas (0: none).
-        num_workers: the Worker replicas.
+        num_workers: the Worker replicas (0: none, a job of a Chief alone).
 
     Returns:
         The worker indices [0, 1, ..., num_workers - 1]: the items of the workers' ParallelFor.
@@ -25,6 +33,7 @@ def create_job_cluster(
         output_dir=cluster.path,
         run_id=run_id,
         chief=chief,
+        evaluator=evaluator,
         num_workers=num_workers,
         cluster_mode=cluster_mode,
         port=port,
@@ -39,8 +48,10 @@ def run_command(
     task_type: str,
     index: int,
     command: list,
-    env: dict,
+    env: list,
+    working_dir: str,
     restart_policy: str,
+    success_policy: str,
     saved_model: str,
     image: str,
     model: Output[Model],
@@ -64,8 +75,11 @@ def run_command(
         task_type: chief, ps or worker.
         index: this task's index within its type.
         command: the replica's command and args; `$(NAME)` is expanded from the environment as in a pod.
-        env: the replica's environment variables.
+        env: the replica's environment variables, [name, value] pairs in the manifest's order (a value may use
+            `$(NAME)` of the variables before it, as in a pod).
+        working_dir: the directory the command runs in (the container's workingDir; empty: the image's).
         restart_policy: the replica's TFJob restartPolicy (Never, OnFailure, ExitCode).
+        success_policy: the TFJob's successPolicy: empty (the chief's success is the job's) or AllWorkers.
         saved_model: where the chief's command writes its SavedModel (default $(MODEL_DIR)/saved_model).
         image: the replica's image, recorded in the model's lineage.
         model: on the chief, saved_model/, job.json and the command's own metrics.json if it wrote one; on the
@@ -84,7 +98,9 @@ def run_command(
             run_id=run_id,
             command=command,
             env=env,
+            working_dir=working_dir,
             restart_policy=restart_policy,
+            success_policy=success_policy,
             saved_model=saved_model,
             image=image,
             startup_timeout=startup_timeout,

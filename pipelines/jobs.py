@@ -7,6 +7,7 @@ The tasks run in their replica's image (built FROM this project's, or any TF ima
 the other steps run in this project's image.
 """
 
+import dataclasses
 from typing import Any
 
 from kfp import dsl, kubernetes
@@ -21,27 +22,113 @@ from pipelines.storage import StorageSettings, with_storage_secret
 from trainer.command.tfjob import JobSpec, Replica
 
 
-def _pods(replica: Replica, defaults: PodSettings) -> PodSettings:
-    """The replica's own requests and limits, this project's defaults for what it leaves out."""
+def replica_pods(replica: Replica, defaults: PodSettings, deadline: int = 0) -> tuple[PodSettings, list[str]]:
+    """The replica's requests and limits as written, and the warnings for what this project fills in.
+
+    A resource the manifest gives a request or a limit for keeps exactly those; one it gives neither for gets this
+    project's defaults (a warning says so). `deadline` (runPolicy.activeDeadlineSeconds) is the timeout when set.
+    """
     requests, limits = dict(replica.requests), dict(replica.limits)
-    return PodSettings(
-        cpu_request=requests.get("cpu", limits.get("cpu", defaults.cpu_request)),
-        cpu_limit=limits.get("cpu", defaults.cpu_limit),
-        memory_request=requests.get("memory", limits.get("memory", defaults.memory_request)),
-        memory_limit=limits.get("memory", defaults.memory_limit),
+    values: dict[str, str] = {}
+    warnings = []
+    for kind in ("cpu", "memory"):
+        if kind in requests or kind in limits:
+            values[f"{kind}_request"] = requests.get(kind, "")
+            values[f"{kind}_limit"] = limits.get(kind, "")
+        else:
+            values[f"{kind}_request"] = getattr(defaults, f"{kind}_request")
+            values[f"{kind}_limit"] = getattr(defaults, f"{kind}_limit")
+            warnings.append(
+                f"spec.tfReplicaSpecs.{replica.type} resources: no {kind} request or limit; this project's default "
+                f"is used (request {values[f'{kind}_request'] or 'none'}, limit {values[f'{kind}_limit'] or 'none'})"
+            )
+    pods = PodSettings(
+        **values,
         retries=defaults.retries,
-        timeout_seconds=defaults.timeout_seconds,
+        timeout_seconds=deadline or defaults.timeout_seconds,
     )
+    return pods, warnings
 
 
-def _task_pod(task: Any, replica: Replica, defaults: PodSettings) -> Any:
-    """A task's pod as a training pod of this project, with the replica's claims, Secrets and resources."""
-    training_pod(task, _pods(replica, defaults))
+def _task_pod(task: Any, replica: Replica, pods: PodSettings) -> Any:
+    """A task's pod as a training pod of this project, with everything the replica's pod template asks for."""
+    training_pod(task, pods)
+    pod = replica.pod
     for mount in replica.mounts:
-        kubernetes.mount_pvc(task, pvc_name=mount.claim, mount_path=mount.path)
-    for secret in replica.secret_env:
-        kubernetes.use_secret_as_env(task, secret_name=secret.secret, secret_key_to_env={secret.key: secret.name})
+        kubernetes.mount_pvc(task, pvc_name=mount.claim, mount_path=mount.path, sub_path=mount.sub_path)
+    for source in replica.env_from:
+        if source.kind == "secret":
+            kubernetes.use_secret_as_env(
+                task, secret_name=source.ref, secret_key_to_env={source.key: source.name}, optional=source.optional
+            )
+        elif source.kind == "config_map":
+            kubernetes.use_config_map_as_env(
+                task,
+                config_map_name=source.ref,
+                config_map_key_to_env={source.key: source.name},
+                optional=source.optional,
+            )
+        else:
+            kubernetes.use_field_path_as_env(task, env_name=source.name, field_path=source.ref)
+    for volume in pod.volumes:
+        if volume.kind == "secret":
+            kubernetes.use_secret_as_volume(
+                task, secret_name=volume.source, mount_path=volume.path, optional=volume.optional
+            )
+        elif volume.kind == "config_map":
+            kubernetes.use_config_map_as_volume(
+                task, config_map_name=volume.source, mount_path=volume.path, optional=volume.optional
+            )
+        elif volume.kind == "empty_dir":
+            kubernetes.empty_dir_mount(
+                task,
+                volume_name=volume.name,
+                mount_path=volume.path,
+                medium=volume.medium or None,
+                size_limit=volume.size or None,
+            )
+        else:
+            kubernetes.add_ephemeral_volume(
+                task,
+                volume_name=volume.name,
+                mount_path=volume.path,
+                access_modes=list(volume.access_modes),
+                size=volume.size,
+                storage_class_name=volume.storage_class or None,
+            )
+    for key, value in pod.node_selector:
+        kubernetes.add_node_selector(task, label_key=key, label_value=value)
+    for toleration in pod.tolerations:
+        kubernetes.add_toleration(task, **dataclasses.asdict(toleration))
+    for term in pod.node_affinity:
+        kubernetes.add_node_affinity(
+            task,
+            match_expressions=[_requirement(r) for r in term.match_expressions] or None,
+            match_fields=[_requirement(r) for r in term.match_fields] or None,
+            weight=term.weight,
+        )
+    if pod.image_pull_secrets:
+        kubernetes.set_image_pull_secrets(task, list(pod.image_pull_secrets))
+    if pod.image_pull_policy:
+        kubernetes.set_image_pull_policy(task, pod.image_pull_policy)
+    for key, value in pod.labels:
+        kubernetes.add_pod_label(task, key, value)
+    for key, value in pod.annotations:
+        kubernetes.add_pod_annotation(task, key, value)
+    identity = {
+        "run_as_user": pod.run_as_user,
+        "run_as_group": pod.run_as_group,
+        "run_as_non_root": pod.run_as_non_root,
+    }
+    if any(v is not None for v in identity.values()):
+        kubernetes.set_security_context(task, **identity)
+    if pod.accelerator:
+        task.set_accelerator_type(pod.accelerator).set_accelerator_limit(pod.accelerators)
     return task
+
+
+def _requirement(pairs: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in pairs}
 
 
 def job_name(job: JobSpec) -> str:
@@ -64,8 +151,13 @@ def tfjob_pipeline(
         r.type: dsl.component(declare(run_command), base_image=r.image, install_kfp_package=False) for r in job.replicas
     }
     chief, servers, workers = job.replica("chief"), job.replica("ps"), job.replica("worker")
+    evaluator = job.replica("evaluator")
     overrides = {**settings.overrides(), "port": job.port}
-    if any(r.restart_policy == "Never" for r in job.replicas):
+    if job.backoff_limit is not None:
+        overrides["max_restarts"] = job.backoff_limit
+    if not servers and any(r.restart_policy == "Never" for r in job.replicas):
+        # A MultiWorkerMirrored job's tasks fail together (a lost peer breaks every collective), so under the
+        # operator one replica's Never failed the job at the first failure whatever the others' policies.
         overrides["max_restarts"] = 0
 
     def task(replica: Replica, index: Any, cluster: Any, every: dict[str, Any]) -> Any:
@@ -74,13 +166,15 @@ def tfjob_pipeline(
             task_type=replica.type,
             index=index,
             command=[*replica.command, *replica.args],
-            env=dict(replica.env),
+            env=[list(pair) for pair in replica.env],
+            working_dir=replica.working_dir,
             restart_policy=replica.restart_policy,
+            success_policy=job.success_policy,
             saved_model=saved_model,
             image=replica.image,
             **every,
         )
-        return _task_pod(step(run, replica.type), replica, pods)
+        return _task_pod(step(run, replica.type), replica, replica_pods(replica, pods, job.deadline)[0])
 
     def pipeline(
         cluster_mode: str,
@@ -102,6 +196,7 @@ def tfjob_pipeline(
         cluster = create(
             run_id=run_id,
             chief=chief is not None,
+            evaluator=evaluator is not None,
             num_ps=servers.count if servers else 0,
             num_workers=workers.count if workers else 0,
             cluster_mode=cluster_mode,
@@ -128,6 +223,9 @@ def tfjob_pipeline(
         if workers:
             with dsl.ParallelFor(cluster.outputs["Output"], name="workers") as index:
                 worker = task(workers, index, cluster, every)
+        if evaluator:
+            # It evaluates beside the training tasks and ends with the chief's task (trainer.command.run).
+            task(evaluator, 0, cluster, every)
         models = dsl.Collected((lead if chief else worker).outputs["model"])
         picked = step(pick(models=models), "chief model")
         with dsl.If(publish_uri != "", name="publish location set"):

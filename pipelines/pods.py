@@ -4,12 +4,12 @@ kfp.local ignores all of it; the compiled YAML carries it (the Kubernetes platfo
 """
 
 import dataclasses
-import re
 from typing import Any
 
 from kfp import kubernetes
 
 from trainer.core.errors import UsageError
+from trainer.k8s import quantity
 from trainer.k8s.objects import APP
 
 # A lost pod's replacement is what its peers wait for (they restart in place at once), so it is retried soon.
@@ -20,7 +20,6 @@ NO_SIDECAR = ("sidecar.istio.io/inject", "false")
 # The training pods carry the project's name from their creation (they add their run and index when they join), so
 # that deploy/networkpolicy.yaml can let them reach each other in namespaces that deny by default.
 TRAINING = ("app.kubernetes.io/name", APP)
-QUANTITY = re.compile(r"^(?:\d+(?:\.\d+)?|\.\d+)(?:[numkMGTPE]|[KMGTPE]i|[eE][+-]?\d+)?$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,14 +27,15 @@ class PodSettings:
     """Compile-time settings of the training pods (workers, chief, parameter servers).
 
     Attributes:
-        cpu_request: CPU the scheduler reserves per training pod.
-        cpu_limit: CPU a training pod may use.
-        memory_request: memory the scheduler reserves per training pod.
-        memory_limit: memory a training pod may use before it is OOM-killed.
+        cpu_request: CPU the scheduler reserves per training pod (empty: none).
+        cpu_limit: CPU a training pod may use (empty: no limit).
+        memory_request: memory the scheduler reserves per training pod (empty: none).
+        memory_limit: memory a training pod may use before it is OOM-killed (empty: no limit).
         gpus: NVIDIA GPUs per training pod; the image is CPU-only, so only 0 is allowed.
         retries: KFP retries of a training pod that failed as a whole (the pod was lost); restarts after a lost
             peer happen in place (`max_restarts`). KFP has no exit-code policy, so these retry any failure.
-        timeout_seconds: a training pod running longer than this is stopped.
+        timeout_seconds: a training pod running longer than this is stopped (Kubernetes' activeDeadlineSeconds);
+            0, the default: no timeout, so a long training is never cut by a limit it did not choose.
     """
 
     cpu_request: str = "1"
@@ -44,14 +44,18 @@ class PodSettings:
     memory_limit: str = "4Gi"
     gpus: int = 0
     retries: int = 1
-    timeout_seconds: int = 6 * 3600
+    timeout_seconds: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("cpu_request", "cpu_limit", "memory_request", "memory_limit"):
-            value = getattr(self, name)
-            if not QUANTITY.match(value):
+        for kind, form in (("cpu", quantity.cpu), ("memory", quantity.memory)):
+            request, limit = getattr(self, f"{kind}_request"), getattr(self, f"{kind}_limit")
+            for name, value in ((f"{kind}_request", request), (f"{kind}_limit", limit)):
+                if value:
+                    object.__setattr__(self, name, form(value, name))
+            if request and limit and quantity.parse(request, "") > quantity.parse(limit, ""):
                 raise UsageError(
-                    f"{name} {value!r} is not allowed; allowed: a Kubernetes quantity such as 500m, 2, 512Mi or 4Gi"
+                    f"{kind}_request {request!r} is above {kind}_limit {limit!r}; Kubernetes rejects such a pod; "
+                    "allowed: a request at most the limit"
                 )
         if self.gpus:
             raise UsageError(
@@ -61,8 +65,8 @@ class PodSettings:
             )
         if not 0 <= self.retries <= 10:
             raise UsageError(f"retries {self.retries} is not allowed; allowed: 0 to 10")
-        if self.timeout_seconds < 60:
-            raise UsageError(f"timeout {self.timeout_seconds}s is not allowed; allowed: at least 60 s")
+        if self.timeout_seconds and self.timeout_seconds < 60:
+            raise UsageError(f"timeout {self.timeout_seconds}s is not allowed; allowed: 0 (none) or at least 60 s")
 
 
 def step(task: Any, name: str, cache: bool = False) -> Any:
@@ -82,9 +86,16 @@ def training_pod(task: Any, pods: PodSettings) -> Any:
     with_namespace(task)
     kubernetes.use_field_path_as_env(task, env_name="POD_NAME", field_path="metadata.name")
     kubernetes.use_field_path_as_env(task, env_name="POD_IP", field_path="status.podIP")
-    task.set_cpu_request(pods.cpu_request).set_cpu_limit(pods.cpu_limit)
-    task.set_memory_request(pods.memory_request).set_memory_limit(pods.memory_limit)
+    for value, setter in (
+        (pods.cpu_request, task.set_cpu_request),
+        (pods.cpu_limit, task.set_cpu_limit),
+        (pods.memory_request, task.set_memory_request),
+        (pods.memory_limit, task.set_memory_limit),
+    ):
+        if value:
+            setter(value)
     if pods.retries:
         task.set_retry(num_retries=pods.retries, backoff_duration=RETRY_BACKOFF, backoff_factor=2.0)
-    kubernetes.set_timeout(task, pods.timeout_seconds)
+    if pods.timeout_seconds:
+        kubernetes.set_timeout(task, pods.timeout_seconds)
     return task

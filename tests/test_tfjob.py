@@ -11,7 +11,7 @@ import yaml
 from tests.conftest import ROOT, run_module
 from trainer.cluster.tf_config import assign_addresses
 from trainer.command import run, tfjob
-from trainer.command.tfjob import JobSpec, Mount, Replica, SecretEnv, read_manifest
+from trainer.command.tfjob import EnvSource, JobSpec, Mount, Replica, read_manifest
 from trainer.core.errors import UsageError
 
 EXAMPLE = ROOT / "pipelines" / "tfjob_example" / "tfjob.yaml"
@@ -46,7 +46,8 @@ def test_restart_policies_retry_what_the_operator_retried():
     codes = [0, 1, 2, 126, 127, 128, 130, 137, 138, 139, 140, 143]
     assert [c for c in codes if never(c)] == []
     assert [c for c in codes if on_failure(c)] == [1, 2, 126, 127, 128, 130, 137, 138, 139, 140, 143]
-    assert [c for c in codes if exit_code(c)] == [130, 137, 138, 140, 143]
+    # kubeflow/trainer v1.7-v1.9 pkg/util/train/train_util.go IsRetryableExitCode: exitCode >= 128.
+    assert [c for c in codes if exit_code(c)] == [128, 130, 137, 138, 139, 140, 143]
     with pytest.raises(UsageError, match="'Sometimes' is not one of Never, OnFailure, ExitCode, Always"):
         tfjob.retryable("Sometimes")
 
@@ -70,7 +71,7 @@ def test_the_example_manifest_reads_into_its_job():
                     "--epochs=5",
                 ),
                 env=(),
-                secret_env=(),
+                env_from=(),
                 requests=(),
                 limits=(("cpu", "2"), ("memory", "4Gi")),
                 mounts=(Mount("strat-volume", "/train"),),
@@ -79,6 +80,8 @@ def test_the_example_manifest_reads_into_its_job():
             ),
         ),
         warnings=(
+            "metadata.namespace (kubeflow-user-example-com): the run's tasks run in the namespace the run is created "
+            "in",
             "spec.runPolicy.cleanPodPolicy ('None'): every task deletes its own Service when its step ends and KFP "
             "keeps or deletes pods by its own settings (the Workflow's pod GC); not applied",
         ),
@@ -90,19 +93,21 @@ def _unmappable():
     spec = manifest["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]
     spec["nodeSelector"] = {"pool": "gpu"}
     spec["volumes"].append({"name": "host", "hostPath": {"path": "/data"}})
+    spec["initContainers"] = [{"name": "fetch", "image": "busybox"}]
+    spec["affinity"] = {"podAntiAffinity": {}}
     container = spec["containers"][0]
     container["env"] = [
         {"name": "A", "value": "1"},
         {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}},
-        {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "MEM", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory"}}},
         {"name": "TF_CONFIG", "value": "{}"},
     ]
-    container["resources"]["limits"]["nvidia.com/gpu"] = 1
+    container["resources"]["limits"]["example.com/fpga"] = 1
     spec["containers"].append({"name": "logger", "image": "fluentbit"})
     manifest["spec"]["tfReplicaSpecs"]["PS"] = {
         "template": {"spec": {"containers": [{"name": "tensorflow", "image": "ps", "command": ["python"]}]}}
     }
-    manifest["spec"]["tfReplicaSpecs"]["Evaluator"] = {"replicas": 1}
+    manifest["spec"]["tfReplicaSpecs"]["Evaluator"] = {"replicas": 2}
     return manifest
 
 
@@ -110,19 +115,22 @@ def test_every_field_that_cannot_be_carried_over_is_named_in_one_refusal():
     with pytest.raises(UsageError) as refused:
         read_manifest(_unmappable())
     message = str(refused.value)
-    assert message.startswith("TFJob multi-worker: 8 field(s) cannot be carried over: ")
+    assert message.startswith("TFJob multi-worker: 9 field(s) cannot be carried over: ")
     for field in (
-        "spec.tfReplicaSpecs.Worker.template.spec.nodeSelector",
-        "spec.tfReplicaSpecs.Worker.template.spec.volumes[1] (host): a hostPath volume cannot be mapped",
-        "containers[0].env[2].valueFrom (NODE): ['fieldRef'] cannot be carried over",
+        "spec.tfReplicaSpecs.Worker.template.spec.initContainers: an init container cannot be added to a KFP task",
+        "spec.tfReplicaSpecs.Worker.template.spec.affinity.podAntiAffinity: kfp-kubernetes 2.17 sets node affinity "
+        "only",
+        "spec.tfReplicaSpecs.Worker.template.spec.volumes[1] (host): a hostPath volume cannot be mounted",
+        "containers[0].env[2].valueFrom (MEM): ['resourceFieldRef'] cannot be set on a KFP task",
         "containers[0].env[3] (TF_CONFIG): TF_CONFIG is generated",
-        "resources.limits.nvidia.com/gpu",
-        "containers (logger): sidecar containers are not carried over",
+        "resources.limits.example.com/fpga: kfp-kubernetes 2.17 cannot set it on a task",
+        "containers (logger): a KFP task runs one container",
         "spec.tfReplicaSpecs.PS: parameter-server training needs a Chief (the coordinator that runs your training "
         "loop) and Workers; the job has PS, Worker",
-        "spec.tfReplicaSpecs.Evaluator: a side-car evaluator is not supported",
+        "spec.tfReplicaSpecs.Evaluator.replicas: 2; allowed: 1",
     ):
         assert field in message, field
+    assert "template.spec.nodeSelector" not in message
     assert "\n" not in message
 
 
@@ -135,7 +143,7 @@ def test_a_secret_variable_and_a_chief_are_carried_over():
     manifest["spec"]["tfReplicaSpecs"] = {"Chief": {**copy.deepcopy(worker), "replicas": 1}, "Worker": worker}
     job = read_manifest(manifest)
     assert [(r.type, r.count) for r in job.replicas] == [("chief", 1), ("worker", 2)]
-    assert job.replica("chief").secret_env == (SecretEnv("TOKEN", "creds", "token"),)
+    assert job.replica("chief").env_from == (EnvSource("TOKEN", "secret", "creds", "token"),)
 
 
 def test_the_task_environment_names_where_to_write_and_fits_the_cpu():
@@ -202,7 +210,13 @@ def test_the_compiled_job_runs_each_worker_in_its_image_with_its_claim_and_limit
     assert spec["pipelineInfo"]["name"] == "tfjob-multi-worker"
     executor = spec["deploymentSpec"]["executors"]["exec-run-command"]["container"]
     assert executor["image"] == IMAGE
-    assert executor["resources"]["cpuLimit"] == 2.0 and executor["resources"]["memoryLimit"] == 4.294967296
+    # limits as written, and no request the manifest did not give
+    assert executor["resources"] == {
+        "cpuLimit": 2.0,
+        "memoryLimit": 4.294967296,
+        "resourceCpuLimit": "2",
+        "resourceMemoryLimit": "4Gi",
+    }
     pod = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-run-command"]
     assert pod["pvcMount"] == [
         {
@@ -237,7 +251,7 @@ def test_a_manifest_with_unmappable_fields_is_refused_with_one_line_and_nothing_
     )
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "8 field(s) cannot be carried over" in errors[0]
+    assert len(errors) == 1 and "9 field(s) cannot be carried over" in errors[0]
     assert not out.exists() and not Path(str(out) + ".tmp").exists()
     assert os.listdir(tmp_path) == ["bad.yaml"]
 

@@ -52,9 +52,12 @@ def setup_logging(prefix: str = "") -> None:
 def report(error: BaseException) -> int:
     """Writes the one `error:` line for `error` (after its traceback when it is unexpected); returns its exit code.
 
-    A failed training process has written its own line already, so its failure adds none.
+    A failed training process has written its own line already, so its failure adds none unless it carries a
+    runner's `reason` (which of its tasks failed).
     """
     if isinstance(error, TaskFailedError):
+        if error.reason:
+            print(f"error: {error.reason}", file=sys.stderr, flush=True)
         return error.code
     if not isinstance(error, _KNOWN):
         traceback.print_exception(error, file=sys.stderr)

@@ -25,7 +25,7 @@ from typing import Any
 
 from trainer.cluster import tf_config as tf_config_lib
 from trainer.cluster.tf_config import split_address
-from trainer.core.errors import PeerUnavailableError, StartupTimeoutError, UsageError
+from trainer.core.errors import PeerFinishedError, PeerUnavailableError, StartupTimeoutError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,8 @@ class Control:
         self.peers = list(peers)
         self.generation = 0
         self.state = "starting"
+        # Peers last seen `done`: their supervisors end and stop answering, which is not a lost pod.
+        self.finished: set[str] = set()
         self._checkpoint = checkpoint
         self._send_checkpoint = send_checkpoint
         self._server = socket.create_server(("", listen_port), reuse_port=False)
@@ -141,15 +143,27 @@ class Control:
         """Publishes this supervisor's generation and state to its peers."""
         self.generation, self.state = generation, state
 
-    def close(self) -> None:
-        """Stops serving the control channel."""
+    def close(self, linger: float = 0.0) -> None:
+        """Stops serving the control channel, after `linger` seconds in which peers can still read the final state.
+
+        A supervisor that is done lingers for two of its peers' polls, so each sees `done` (a finished peer) before
+        the channel closes, rather than a peer that stopped answering (a lost one).
+        """
+        if linger > 0:
+            self._stop.wait(linger)
         self._stop.set()
         self._server.close()
         self._thread.join(timeout=2)
 
     def peer_states(self) -> dict[str, PeerState | None]:
-        """Each peer's state, or None when its supervisor does not answer."""
-        return {address: _ask(address) for address in self.peers}
+        """Each peer's state, or None when its supervisor does not answer; peers seen `done` are kept as finished."""
+        states = {address: _ask(address) for address in self.peers}
+        for address, state in states.items():
+            if state is not None and state.state == "done":
+                self.finished.add(address)
+            elif state is not None:
+                self.finished.discard(address)
+        return states
 
     def first_generation(self) -> int:
         """Where a (re)started supervisor joins.
@@ -174,6 +188,12 @@ class Control:
         """
         while True:
             states = self.peer_states()
+            done = [a for a, s in states.items() if a in self.finished and (s is None or s.state == "done")]
+            if done:
+                raise PeerFinishedError(
+                    f"generation {generation}: the peers at {', '.join(done)} finished successfully, so a restart "
+                    "would wait for them forever; not restarting"
+                )
             blocking = [a for a, s in states.items() if s is None or (s.generation < generation and s.state in LIVE)]
             if not blocking:
                 return {a: s for a, s in states.items() if s is not None}
@@ -196,8 +216,13 @@ class Control:
         return None
 
     def lost_peer(self, generation: int) -> str | None:
-        """The first peer that `failed_peer` names or whose supervisor does not answer at all (a lost pod)."""
+        """The first peer that `failed_peer` names or whose supervisor does not answer at all (a lost pod).
+
+        A peer that finished successfully is finished, not lost, also once its supervisor has ended.
+        """
         for address, s in self.peer_states().items():
+            if s is None and address in self.finished:
+                continue
             if s is None or s.generation > generation or (s.generation == generation and s.state == "failed"):
                 return address
         return None

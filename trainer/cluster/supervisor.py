@@ -36,10 +36,12 @@ from trainer.cluster.peers import unreachable
 from trainer.cluster.resume import CheckpointHome, agree
 from trainer.cluster.tf_config import peers as peers_of
 from trainer.core.errors import (
+    EXIT_FAILED,
     EXIT_PEER_UNAVAILABLE,
     EXIT_STARTUP_TIMEOUT,
     EXIT_TERMINATED,
     RETRYABLE_EXIT_CODES,
+    PeerFinishedError,
     PeerUnavailableError,
     StartupTimeoutError,
     exit_code,
@@ -187,6 +189,9 @@ class Supervisor:
                 except PeerUnavailableError as err:
                     print(f"error: {self.name}: {err}", file=sys.stderr, flush=True)
                     code = exit_code(err)
+                except PeerFinishedError as err:
+                    print(f"error: {self.name}: {err}", file=sys.stderr, flush=True)
+                    return EXIT_FAILED
                 else:
                     code = self._attempt(generation, signals, resume, deadline)
                 if signals.received is not None:

@@ -26,6 +26,7 @@ from typing import Any
 from trainer.cluster import tf_config as cluster_lib
 from trainer.cluster.record import ClusterRecord
 from trainer.command import tfjob
+from trainer.command.exec import WORKDIR_ENV
 from trainer.command.record import JobRecord, reported_metrics
 from trainer.config import registry as settings
 from trainer.core import cpus
@@ -42,15 +43,27 @@ LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
 
 
 def create_job_cluster(
-    output_dir: str, run_id: str, chief: bool, num_workers: int, cluster_mode: str, port: int, num_ps: int = 0
+    output_dir: str,
+    run_id: str,
+    chief: bool,
+    num_workers: int,
+    cluster_mode: str,
+    port: int,
+    num_ps: int = 0,
+    evaluator: bool = False,
 ) -> ClusterRecord:
-    """Gives every task of a job an address and a control address and writes cluster.json (as `create_cluster`)."""
+    """Gives every task of a job an address and a control address and writes cluster.json (as `create_cluster`).
+
+    The Evaluator is in the cluster of TF_CONFIG, as the operator put it there (`genClusterSpec`), and has no control
+    address: it never restarts with the training tasks.
+    """
     from trainer.cluster.local import free_ports
     from trainer.k8s import objects as k8s
 
     settings.check("cluster_mode", cluster_mode)
     settings.check("port", port)
-    total = num_workers + num_ps + (1 if chief else 0)
+    training = num_workers + num_ps + (1 if chief else 0)
+    total = training + (1 if evaluator else 0)
     if cluster_mode == "local":
         ports = free_ports(2 * total)
         addresses = [f"localhost:{p}" for p in ports[:total]]
@@ -58,28 +71,31 @@ def create_job_cluster(
     else:
         addresses = k8s.task_addresses(run_id, total, k8s.namespace(), port)
         control = [cluster_lib.next_port(a) for a in addresses]
-    record = ClusterRecord(
-        cluster_lib.assign_addresses(addresses, num_workers, num_ps, chief=chief),
-        cluster_lib.assign_addresses(control, num_workers, num_ps, chief=chief),
-        cluster_mode,
-    )
+    # assign_addresses names a lone task `worker`, and makes the first of several tasks the chief only when asked.
+    cluster = cluster_lib.assign_addresses(addresses[:training], num_workers, num_ps, chief=chief)
+    spec = cluster_lib.assign_addresses(control[:training], num_workers, num_ps, chief=chief)
+    if chief and not num_workers and not num_ps:
+        cluster, spec = {"chief": cluster["chief"]}, {"chief": spec["chief"]}
+    if evaluator:
+        cluster["evaluator"] = addresses[training:]
+    record = ClusterRecord(cluster, spec, cluster_mode)
     record.write(output_dir)
     return record
 
 
 def task_environment(
-    base: Mapping[str, str], user: Mapping[str, str], model_dir: str, checkpoint_dir: str
+    base: Mapping[str, str], user: Sequence[Sequence[str]] | Mapping[str, str], model_dir: str, checkpoint_dir: str
 ) -> dict[str, str]:
     """The command's environment, in the order a pod builds it.
 
-    `base`, then `MODEL_DIR` and `CHECKPOINT_DIR`, then the replica's own variables (each may use `$(NAME)` of those
-    before it), then `TF_USE_LEGACY_KERAS=1` and TensorFlow's thread counts sized to the CPU unless the replica set
-    them.
+    `base`, then `MODEL_DIR` and `CHECKPOINT_DIR`, then the replica's own variables in the manifest's order (each may
+    use `$(NAME)` of those before it, as Kubernetes expands them), then `TF_USE_LEGACY_KERAS=1` and TensorFlow's thread
+    counts sized to the CPU unless the replica set them.
     """
     env = dict(base)
     env[MODEL_DIR_ENV] = model_dir
     env[CHECKPOINT_DIR_ENV] = checkpoint_dir
-    for name, value in user.items():
+    for name, value in user.items() if isinstance(user, Mapping) else user:
         env[name] = tfjob.expand(value, env)
     # tf.keras as tf-keras (Keras 2), as TFJob-era scripts wrote it: Keras 3's fit fails under
     # MultiWorkerMirroredStrategy (keras-team/keras#20585). A replica may set it to 0.
@@ -132,6 +148,32 @@ def _succeed(code: int) -> None:
         raise TaskFailedError(code)
 
 
+def _after_the_chief(store: Any, code: int, name: str, evaluator: bool, startup_timeout: float, timeout: float) -> int:
+    """A task whose command failed for good while the job's success is the chief's: 0 once the chief succeeded.
+
+    TFJob's success policy (`UpdateJobStatus`): a job with a Chief succeeds when the Chief does, one without it when
+    worker 0 does (the chief here) unless AllWorkers; a task failing after that does not fail it. An Evaluator never
+    fails a job that succeeded, so it waits for the chief's final state; a training task reads it once.
+    """
+    from trainer.cluster.chief import wait_for_chief
+
+    try:
+        if evaluator:
+            wait_for_chief(store, startup_timeout, timeout, name)
+        elif (store.read() or {}).get("state") != "succeeded":
+            return code
+    except Exception as err:  # noqa: BLE001 - the chief failed or vanished: this task's own failure stands
+        log.info("%s: %s", name, err)
+        return code
+    print(
+        f"warning: {name}: its command exited with code {code} after the chief succeeded; the job succeeded with "
+        "its chief (TFJob's success policy), so this task ends 0",
+        file=sys.stderr,
+        flush=True,
+    )
+    return 0
+
+
 def command_task(
     cluster_dir: str,
     task_type: str,
@@ -139,7 +181,7 @@ def command_task(
     model_dir: str,
     run_id: str,
     command: Sequence[str],
-    env: Mapping[str, str],
+    env: Sequence[Sequence[str]] | Mapping[str, str],
     restart_policy: str,
     saved_model: str,
     image: str,
@@ -149,20 +191,26 @@ def command_task(
     checkpoint_dir: str,
     cluster_mode: str,
     chief_timeout: float = settings.default("chief_timeout"),
+    working_dir: str = "",
+    success_policy: str = "",
 ) -> dict[str, Any]:
     """Runs `command` as task `task_type`:`index` of the run's job under the supervisor; returns the Model metadata.
 
-    In a job with parameter servers the chief publishes its status while it runs (`trainer.cluster.chief`); the ps
-    and worker tasks, whose commands serve until stopped, end when it says the job is over (exit 0), when it failed
-    (1) or when its heartbeat is older than `chief_timeout` (138). Each task restarts alone by its restart policy,
-    as TFJob's did; a MultiWorkerMirrored job's tasks restart together.
+    A job of one task in total gets no TF_CONFIG and waits for nothing, as under the operator (`isDistributed`).
+    In a job of several, the chief publishes its status while it runs (`trainer.cluster.chief`): the ps and worker
+    tasks of a parameter-server job, whose commands serve until stopped, end when it says the job is over (exit 0),
+    when it failed (1) or when its heartbeat is older than `chief_timeout` (138); an Evaluator runs beside the
+    training tasks and ends with the chief the same way, and its own failure never fails a job whose chief succeeded.
+    Under the default success policy (and always with a Chief) a task whose command fails for good after the chief
+    succeeded ends 0. Each task restarts by its replica's restart policy, as TFJob's did; a MultiWorkerMirrored
+    job's tasks restart together.
 
     Raises:
         UsageError: a bad setting, or a chief that wrote no SavedModel; nothing was started or kept.
         TaskFailedError: the command failed for good; its exit code is kept.
     """
     from trainer.cluster.chief import ChiefWatch, StatusPublisher
-    from trainer.cluster.control import Control
+    from trainer.cluster.control import PEER_POLL_SECONDS, Control
     from trainer.cluster.peers import unreachable
     from trainer.cluster.supervisor import Supervisor
     from trainer.k8s import discovery
@@ -178,17 +226,28 @@ def command_task(
     ):
         settings.check(name, value)
     retryable = tfjob.retryable(restart_policy)
+    if success_policy not in tfjob.SUCCESS_POLICIES:
+        raise UsageError(f"success_policy {success_policy!r} is not allowed; allowed: AllWorkers or empty")
     if not command:
         raise UsageError("the command is empty; give the replica's command and args")
+    if working_dir and not os.path.isabs(working_dir):
+        raise UsageError(f"working_dir {working_dir!r} is not allowed; allowed: an absolute path, or empty")
     record = ClusterRecord.read(cluster_dir)
     tf_config = tfjob.tf_config(record.cluster, task_type, index)
     name = f"{task_type} {index}"
     os.makedirs(model_dir, exist_ok=True)
     environment = task_environment(os.environ, env, model_dir, _checkpoint_dir(checkpoint_dir, run_id))
     argv = [tfjob.expand(part, environment) for part in command]
-    everyone = cluster_lib.tasks(record.cluster)
-    log.info("%s runs %s with TF_CONFIG %s", name, json.dumps(argv), json.dumps(tf_config))
-    if cluster_mode == "kubernetes" and not checkpoint_dir and len(everyone) > 1:
+    evaluator = task_type == "evaluator"
+    training = [t for t in cluster_lib.tasks(record.cluster) if t.job != "evaluator"]
+    distributed = tf_config is not None
+    log.info(
+        "%s runs %s with %s",
+        name,
+        json.dumps(argv),
+        f"TF_CONFIG {json.dumps(tf_config)}" if distributed else "no TF_CONFIG (one task in all, as under TFJob)",
+    )
+    if cluster_mode == "kubernetes" and not checkpoint_dir and len(training) > 1 and not evaluator:
         log.warning(
             "%s: CHECKPOINT_DIR %s is on this pod's own disk: restarts in place keep it, but a lost pod's "
             "replacement starts without it and cannot resume with its peers; set checkpoint_dir (or a claim) to "
@@ -197,32 +256,37 @@ def command_task(
             environment[CHECKPOINT_DIR_ENV],
         )
     servers = "ps" in record.cluster
-    together = record.control and max_restarts and not servers
+    together = distributed and record.control and max_restarts and not servers and not evaluator
     control = Control.of_task(record.control, tf_config) if together else None
-    chief = cluster_lib.is_chief(tf_config)
-    store = open_status(status_uri(cluster_mode, run_id), run_id) if servers else None
+    chief = cluster_lib.is_chief(tf_config) and not evaluator
+    store = open_status(status_uri(cluster_mode, run_id), run_id) if distributed else None
     # Its clocks start at its first read, once this task has joined the cluster.
-    over = ChiefWatch(store, startup_timeout, chief_timeout, name).over if servers and not chief else None
-    kubernetes = cluster_mode == "kubernetes"
+    over = (
+        ChiefWatch(store, startup_timeout, chief_timeout, name).over if (servers and not chief) or evaluator else None
+    )
+    kubernetes = cluster_mode == "kubernetes" and distributed
     position = (
         discovery.join_cluster(record.cluster, task_type, index, run_id, startup_timeout, unschedulable_timeout)
         if kubernetes
         else None
     )
+    addresses = [t.address for t in training]
     supervisor = Supervisor(
         [sys.executable, "-m", "trainer.command.exec", *argv],
-        environment,
+        dict(environment, **({WORKDIR_ENV: working_dir} if working_dir else {})),
         tf_config,
         startup_timeout,
         max_restarts,
         control,
         retryable=retryable,
-        formed=lambda: not unreachable(everyone),
+        formed=(lambda: True) if evaluator else lambda: not unreachable(addresses),
         blame_peers=True,
         over=over,
     )
 
     def result(code: int) -> dict[str, Any]:
+        if code and store is not None and not chief and (evaluator or not success_policy or "chief" in record.cluster):
+            code = _after_the_chief(store, code, name, evaluator, startup_timeout, chief_timeout)
         _succeed(code)
         if not chief:
             write_json(os.path.join(model_dir, WORKER_FILE), {"task": f"{task_type}:{index}", "chief": False})
@@ -232,19 +296,24 @@ def command_task(
         JobRecord(run_id, f"{task_type}:{index}", tuple(argv), image, supervisor.restarts, metrics).write(model_dir)
         return {"task": f"{task_type}:{index}", "chief": True, **metrics}
 
+    succeeded = False
     try:
-        if not (servers and chief):
-            return result(supervisor.run())
-        # The servers end with the chief's final state: "succeeded" once its model is kept, "failed" when it failed
+        if not (store is not None and chief):
+            outcome = result(supervisor.run())
+            succeeded = True
+            return outcome
+        # The other tasks go by the chief's final state: "succeeded" once its model is kept, "failed" when it failed
         # for good. Killed, lost or stopped (a drained node), it leaves no final state: KFP's retry may bring it
-        # back within chief_timeout, while the servers keep serving.
+        # back within chief_timeout, while the others keep waiting.
         with StatusPublisher(store) as status:
             code = supervisor.run()
             if code in RETRYABLE_EXIT_CODES:
                 status.abandon()
-            return result(code)
+            outcome = result(code)
+            succeeded = True
+            return outcome
     finally:
         if control:
-            control.close()
+            control.close(linger=2.5 * PEER_POLL_SECONDS if succeeded else 0.0)
         if kubernetes:
             discovery.leave_cluster(run_id, position)

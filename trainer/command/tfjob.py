@@ -1,12 +1,19 @@
 """What a `kubeflow.org/v1` TFJob meant, as pure functions.
 
 Its manifest read into a `JobSpec`, its TF_CONFIG, its restart policies and Kubernetes' `$(VAR)` expansion of
-commands and arguments.
+commands and arguments. The reference is the training-operator's own code, kubeflow/trainer v1.7.0 to v1.9.2
+(unchanged across them where cited):
 
-The TF_CONFIG is the one the training-operator generated (`pkg/controller.v1/tensorflow/tensorflow.go`): the
-cluster keyed by the lower-cased replica type, this task's type and index, and `"environment": "cloud"`. Only the
-addresses differ: each task is reached through the Service its step creates (docs/migrate-from-tfjob.md).
-Every field of a manifest that this project cannot carry over is refused, or kept with a warning, one line each.
+- TF_CONFIG: `pkg/controller.v1/tensorflow/tensorflow.go` (`genTFConfigJSONStr`, `genClusterSpec`): every replica type
+  lower-cased in the cluster (the Evaluator too), this task's type and index, `"environment": "cloud"`; none at all
+  when the job has one task in total (`util.go`, `isDistributed`, which counts the Evaluator). Only the addresses
+  differ: each task is reached through the Service its step creates (docs/migrate-from-tfjob.md).
+- Restarts: `pkg/util/train/train_util.go` `IsRetryableExitCode` (`exitCode >= 128`) for `ExitCode`; `OnFailure` and
+  `Always` restart after any failure; `Never` is the default (`tensorflow_defaults.go`), per replica.
+- Success: `tfjob_controller.go` `UpdateJobStatus`: the Chief succeeded, else worker 0 succeeded (default policy) or
+  every worker succeeded (`AllWorkers`).
+
+Every field of a manifest is carried over, kept with a warning, or refused, one line each.
 """
 
 from __future__ import annotations
@@ -16,23 +23,30 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trainer.core.errors import RETRYABLE_EXIT_CODES, UsageError
+from trainer.config.contract import MAX_WORKERS as MAX_TASKS
+from trainer.core.errors import UsageError
+from trainer.k8s import quantity
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "TFJob"
-REPLICA_TYPES = {"Chief": "chief", "PS": "ps", "Worker": "worker"}
+REPLICA_TYPES = {"Chief": "chief", "PS": "ps", "Worker": "worker", "Evaluator": "evaluator"}
 RESTART_POLICIES = ("Never", "OnFailure", "ExitCode", "Always")
-# The training-operator's ExitCode policy: these are permanent, every other code of 128 and above is retried.
-PERMANENT_EXIT_CODES = frozenset({1, 2, 126, 127, 128, 139})
+SUCCESS_POLICIES = ("", "AllWorkers")
+ACCELERATORS = ("nvidia.com/gpu", "amd.com/gpu")
 DEFAULT_CONTAINER = "tensorflow"
 DEFAULT_PORT = 2222
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
-def tf_config(cluster: Mapping[str, Sequence[str]], task_type: str, index: int) -> dict[str, Any]:
-    """TF_CONFIG exactly as the training-operator built it for task `task_type` `index` of `cluster`."""
+def tf_config(cluster: Mapping[str, Sequence[str]], task_type: str, index: int) -> dict[str, Any] | None:
+    """TF_CONFIG exactly as the training-operator built it for task `task_type` `index` of `cluster`.
+
+    None for a job with one task in total: the operator sets no TF_CONFIG then (`isDistributed`).
+    """
     if task_type not in cluster or not 0 <= index < len(cluster[task_type]):
         raise UsageError(f"task {task_type}:{index} is not in the cluster {dict(cluster)}")
+    if sum(len(addresses) for addresses in cluster.values()) == 1:
+        return None
     return {
         "cluster": {job: list(addresses) for job, addresses in cluster.items()},
         "task": {"type": task_type, "index": index},
@@ -47,7 +61,7 @@ def retryable(policy: str):
     if policy in ("OnFailure", "Always"):
         return lambda code: code != 0
     if policy == "ExitCode":
-        return lambda code: code in RETRYABLE_EXIT_CODES or (code >= 128 and code not in PERMANENT_EXIT_CODES)
+        return lambda code: code >= 128
     raise UsageError(f"restart policy {policy!r} is not one of {', '.join(RESTART_POLICIES)}")
 
 
@@ -65,25 +79,88 @@ def expand(text: str, env: Mapping[str, str]) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Mount:
-    """A PersistentVolumeClaim mounted into every task at `path`."""
+    """A PersistentVolumeClaim mounted into every task of the replica at `path`."""
 
     claim: str
     path: str
     read_only: bool = False
+    sub_path: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
-class SecretEnv:
-    """An environment variable from a key of a Secret (`valueFrom.secretKeyRef`)."""
+class EnvSource:
+    """An environment variable the pod fills.
+
+    `kind` secret or config_map: the key `key` of the object `ref`; `kind` field: the pod's field at path `ref`.
+    """
 
     name: str
-    secret: str
-    key: str
+    kind: str
+    ref: str
+    key: str = ""
+    optional: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Volume:
+    """A volume other than a claim: `kind` secret, config_map (`source` the object), empty_dir or ephemeral."""
+
+    kind: str
+    name: str
+    path: str
+    source: str = ""
+    optional: bool = False
+    medium: str = ""
+    size: str = ""
+    access_modes: tuple[str, ...] = ()
+    storage_class: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Toleration:
+    """One toleration, in kfp-kubernetes' `add_toleration` terms."""
+
+    key: str | None = None
+    operator: str | None = None
+    value: str | None = None
+    effect: str | None = None
+    toleration_seconds: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeTerm:
+    """One node-affinity term: required (no weight; terms are ORed) or preferred (with its weight)."""
+
+    match_expressions: tuple[tuple[tuple[str, Any], ...], ...] = ()
+    match_fields: tuple[tuple[tuple[str, Any], ...], ...] = ()
+    weight: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Pod:
+    """What a replica's pod asks of Kubernetes beyond its command, each a kfp-kubernetes or KFP task setting."""
+
+    node_selector: tuple[tuple[str, str], ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    node_affinity: tuple[NodeTerm, ...] = ()
+    image_pull_secrets: tuple[str, ...] = ()
+    image_pull_policy: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
+    annotations: tuple[tuple[str, str], ...] = ()
+    volumes: tuple[Volume, ...] = ()
+    run_as_user: int | None = None
+    run_as_group: int | None = None
+    run_as_non_root: bool | None = None
+    accelerator: str = ""
+    accelerators: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
 class Replica:
-    """One replica type of the job: how many tasks, and what each runs."""
+    """One replica type of the job: how many tasks, and what each runs.
+
+    `requests` and `limits` are as written (KFP's form of each quantity); a resource the manifest leaves out has none.
+    """
 
     type: str
     count: int
@@ -91,22 +168,33 @@ class Replica:
     command: tuple[str, ...]
     args: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
-    secret_env: tuple[SecretEnv, ...]
+    env_from: tuple[EnvSource, ...]
     requests: tuple[tuple[str, str], ...]
     limits: tuple[tuple[str, str], ...]
     mounts: tuple[Mount, ...]
     restart_policy: str
     port: int
+    working_dir: str = ""
+    pod: Pod = Pod()
 
 
 @dataclasses.dataclass(frozen=True)
 class JobSpec:
-    """A TFJob as this project runs it; `warnings` name what was kept but behaves differently."""
+    """A TFJob as this project runs it; `warnings` name what was kept but behaves differently.
+
+    Attributes:
+        success_policy: "" (the Chief succeeded, else worker 0) or "AllWorkers" (every worker, without a Chief).
+        deadline: runPolicy.activeDeadlineSeconds (0: none): every task's timeout.
+        backoff_limit: runPolicy.backoffLimit (None: not given): each task's restarts in place.
+    """
 
     name: str
     namespace: str
     replicas: tuple[Replica, ...]
     warnings: tuple[str, ...]
+    success_policy: str = ""
+    deadline: int = 0
+    backoff_limit: int | None = None
 
     def replica(self, task_type: str) -> Replica | None:
         """The replica of this type, if the job has one."""
@@ -116,6 +204,11 @@ class JobSpec:
     def parameter_servers(self) -> bool:
         """Whether the job trains with parameter servers: its ps and worker tasks serve until the chief is done."""
         return self.replica("ps") is not None
+
+    @property
+    def tasks(self) -> int:
+        """Every task of the job, the evaluator's included."""
+        return sum(r.count for r in self.replicas)
 
     @property
     def port(self) -> int:
@@ -137,39 +230,89 @@ class _Reader:
         self.warnings.append(f"{field}: {why}")
 
 
-_RUN_POLICY = {
+_RUN_POLICY_WARNED = {
     "cleanPodPolicy": "every task deletes its own Service when its step ends and KFP keeps or deletes pods by its own "
     "settings (the Workflow's pod GC); not applied",
     "ttlSecondsAfterFinished": "KFP deletes the run's Argo Workflow by its own TTL (an hour after it ends on KFP "
     "2.17); not applied",
-    "activeDeadlineSeconds": "not applied; set a timeout on the run instead",
-    "backoffLimit": "restarts are the pipeline's max_restarts per task (in place) and KFP's retry of a lost pod",
     "schedulingPolicy": "no gang scheduling: KFP starts the tasks together and each waits up to startup_timeout for "
-    "the others",
-    "suspend": "a pipeline run cannot be created suspended",
-    "managedBy": "not applicable to a pipeline",
+    "the others; not applied",
+    "suspend": "a pipeline run cannot be created suspended; not applied",
+    "managedBy": "not applicable to a pipeline; not applied",
 }
-_SPEC_FIELDS = {
-    "successPolicy": "the run succeeds when every task succeeds (the default policy); AllWorkers and ChiefWorker "
-    "differ only when some task fails, which fails the run here",
-    "enableDynamicWorker": "the number of tasks is fixed when the pipeline is compiled",
+_NOT_EXPRESSIBLE = "kfp-kubernetes 2.17 cannot set it on a task"
+_POD_REFUSED = {
+    "serviceAccountName": "every pod of a KFP run uses the run's service account: give it when you create the run "
+    "(kfp Client.create_run_from_pipeline_package(service_account=...)), or use the namespace's default-editor",
+    "serviceAccount": "every pod of a KFP run uses the run's service account: give it when you create the run",
+    "initContainers": "an init container cannot be added to a KFP task: run its work at the start of the command, or "
+    "in a pipeline step before the job",
+    "schedulerName": f"{_NOT_EXPRESSIBLE}; KFP's pods use the default scheduler (no gang scheduling)",
+    "priorityClassName": f"{_NOT_EXPRESSIBLE}; give the cluster a globalDefault PriorityClass, or queue with Kueue",
+    "hostNetwork": f"{_NOT_EXPRESSIBLE}; the tasks reach each other through the Services of the job's cluster step",
+    "hostPID": _NOT_EXPRESSIBLE,
+    "hostIPC": _NOT_EXPRESSIBLE,
+    "dnsPolicy": f"{_NOT_EXPRESSIBLE}; the tasks find each other by Service name with the cluster's DNS",
+    "dnsConfig": _NOT_EXPRESSIBLE,
+    "hostAliases": f"{_NOT_EXPRESSIBLE}; the tasks find each other by Service name",
+    "topologySpreadConstraints": f"{_NOT_EXPRESSIBLE}; spread by node affinity, or per node pool with nodeSelector",
+    "runtimeClassName": f"{_NOT_EXPRESSIBLE}; a GPU runtime is usually the node's default (NVIDIA's operator)",
+    "nodeName": f"{_NOT_EXPRESSIBLE}; select nodes with nodeSelector (kubernetes.io/hostname) instead",
 }
-_CONTAINER_KEYS = {"name", "image", "command", "args", "env", "resources", "ports", "volumeMounts", "workingDir"}
-_IGNORED_CONTAINER = {"imagePullPolicy", "terminationMessagePath", "terminationMessagePolicy"}
+_POD_WARNED = {
+    "restartPolicy": "replaced by the replica's restartPolicy, as the operator replaced it (it logged an event)",
+    "terminationGracePeriodSeconds": "not applied: KFP's pods keep Kubernetes' default of 30 s, and SIGTERM stops "
+    "the command within 2 s (exit 143)",
+    "enableServiceLinks": "not applied: Kubernetes' default (true)",
+    "automountServiceAccountToken": "not applied: the task's supervisor needs the token for its Service",
+}
+_CONTAINER_REFUSED = {
+    "envFrom": "a whole Secret or ConfigMap as environment cannot be set on a KFP task; name each key in env with "
+    "valueFrom.secretKeyRef or valueFrom.configMapKeyRef",
+    "lifecycle": _NOT_EXPRESSIBLE,
+    "livenessProbe": f"{_NOT_EXPRESSIBLE}; the supervisor's start-up watchdog ends a task whose cluster does not form",
+    "readinessProbe": _NOT_EXPRESSIBLE,
+    "startupProbe": f"{_NOT_EXPRESSIBLE}; startup_timeout bounds the cluster's start-up",
+    "stdin": _NOT_EXPRESSIBLE,
+    "tty": _NOT_EXPRESSIBLE,
+    "volumeDevices": _NOT_EXPRESSIBLE,
+    "resizePolicy": _NOT_EXPRESSIBLE,
+}
+_CONTAINER_WARNED = {
+    "terminationMessagePath": "not applied: the task's error line is in its log",
+    "terminationMessagePolicy": "not applied: the task's error line is in its log",
+}
+_SECURITY = {"runAsUser": "run_as_user", "runAsGroup": "run_as_group", "runAsNonRoot": "run_as_non_root"}
+_TOLERATION = {
+    "key": "key",
+    "operator": "operator",
+    "value": "value",
+    "effect": "effect",
+    "tolerationSeconds": "toleration_seconds",
+}
 
 
 def _strings(reader: _Reader, field: str, value: Any) -> tuple[str, ...]:
     if value is None:
         return ()
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+    if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) for v in value):
         reader.refuse(field, f"{value!r} is not a list of strings")
         return ()
-    return tuple(value)
+    return tuple(str(v) for v in value)
 
 
-def _env(reader: _Reader, field: str, items: Any) -> tuple[tuple[tuple[str, str], ...], tuple[SecretEnv, ...]]:
+def _pairs(reader: _Reader, field: str, value: Any) -> tuple[tuple[str, str], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        reader.refuse(field, f"{value!r} is not a mapping of strings")
+        return ()
+    return tuple((str(k), str(v)) for k, v in value.items())
+
+
+def _env(reader: _Reader, field: str, items: Any) -> tuple[tuple[tuple[str, str], ...], tuple[EnvSource, ...]]:
     plain: list[tuple[str, str]] = []
-    secrets: list[SecretEnv] = []
+    sources: list[EnvSource] = []
     for i, item in enumerate(items or []):
         where = f"{field}[{i}]"
         name = item.get("name") if isinstance(item, dict) else None
@@ -182,90 +325,276 @@ def _env(reader: _Reader, field: str, items: Any) -> tuple[tuple[tuple[str, str]
         source = item.get("valueFrom")
         if source is None:
             plain.append((name, str(item.get("value", ""))))
-        elif set(source) == {"secretKeyRef"} and {"name", "key"} <= set(source["secretKeyRef"]):
-            ref = source["secretKeyRef"]
-            secrets.append(SecretEnv(name, ref["name"], ref["key"]))
+            continue
+        kind = next(iter(source), None) if isinstance(source, dict) and len(source) == 1 else None
+        ref = source.get(kind) if kind else None
+        if kind in ("secretKeyRef", "configMapKeyRef") and isinstance(ref, dict) and {"name", "key"} <= set(ref):
+            sources.append(
+                EnvSource(
+                    name,
+                    "secret" if kind == "secretKeyRef" else "config_map",
+                    str(ref["name"]),
+                    str(ref["key"]),
+                    bool(ref.get("optional", False)),
+                )
+            )
+        elif kind == "fieldRef" and isinstance(ref, dict) and ref.get("fieldPath"):
+            sources.append(EnvSource(name, "field", str(ref["fieldPath"])))
         else:
             reader.refuse(
                 f"{where}.valueFrom ({name})",
-                f"{sorted(source)} cannot be carried over; allowed: value, or valueFrom.secretKeyRef",
+                f"{sorted(source) if isinstance(source, dict) else source!r} cannot be set on a KFP task; allowed: "
+                "value, or valueFrom.secretKeyRef, configMapKeyRef or fieldRef with their name and key (path)",
             )
-    return tuple(plain), tuple(secrets)
+    return tuple(plain), tuple(sources)
 
 
-def _resources(reader: _Reader, field: str, resources: Any) -> tuple[tuple, tuple]:
-    out = []
+def _resources(reader: _Reader, field: str, resources: Any) -> tuple[tuple, tuple, str, int]:
+    """Requests and limits of cpu and memory in KFP's form, and the accelerator's name and count."""
+    resources = resources or {}
+    for name in sorted(set(resources) - {"requests", "limits"}):
+        reader.refuse(f"{field}.{name}", _NOT_EXPRESSIBLE)
+    amounts: dict[str, dict[str, Any]] = {}
+    kept: dict[str, list[tuple[str, str]]] = {"requests": [], "limits": []}
+    accelerator, count = "", 0
     for kind in ("requests", "limits"):
-        values = (resources or {}).get(kind) or {}
-        kept = []
+        values = resources.get(kind) or {}
+        if not isinstance(values, dict):
+            reader.refuse(f"{field}.{kind}", f"{values!r} is not a mapping of resource names to quantities")
+            continue
         for name, value in values.items():
-            if name in ("cpu", "memory"):
-                kept.append((name, str(value)))
-            else:
+            where = f"{field}.{kind}.{name}"
+            try:
+                amounts.setdefault(name, {})[kind] = quantity.parse(value, where)
+                if name == "cpu":
+                    kept[kind].append((name, quantity.cpu(value, where)))
+                elif name == "memory":
+                    kept[kind].append((name, quantity.memory(value, where)))
+            except UsageError as err:
+                reader.refusals.append(str(err))
+                continue
+            if name in ACCELERATORS:
+                whole = amounts[name][kind]
+                if whole != int(whole) or whole < 1:
+                    reader.refuse(where, f"{value!r} is not allowed; allowed: a whole number of GPUs, at least 1")
+                elif accelerator not in ("", name):
+                    reader.refuse(where, f"a task asks for one kind of accelerator; it also asks for {accelerator}")
+                else:
+                    accelerator, count = name, max(count, int(whole))
+            elif name not in ("cpu", "memory"):
                 reader.refuse(
-                    f"{field}.{kind}.{name}",
-                    "only cpu and memory are carried over (accelerators: set them on the "
-                    "compiled pipeline's task with kfp-kubernetes)",
+                    where,
+                    f"{_NOT_EXPRESSIBLE}; allowed: cpu, memory and one accelerator ({', '.join(ACCELERATORS)})",
                 )
-        out.append(tuple(kept))
-    for name in set(resources or {}) - {"requests", "limits"}:
-        reader.refuse(f"{field}.{name}", "not carried over")
-    return out[0], out[1]
+    for name, both in amounts.items():
+        if "requests" in both and "limits" in both and both["requests"] > both["limits"]:
+            reader.refuse(
+                f"{field}.requests.{name}",
+                f"the request is above the limit ({resources['requests'][name]} > {resources['limits'][name]}); "
+                "Kubernetes rejects such a pod; allowed: a request at most the limit",
+            )
+        elif name in ACCELERATORS and both.get("requests") != both.get("limits", both.get("requests")):
+            reader.refuse(f"{field}.limits.{name}", "an accelerator's request and limit must be equal (Kubernetes)")
+    return tuple(kept["requests"]), tuple(kept["limits"]), accelerator, count
 
 
-def _mounts(reader: _Reader, field: str, pod: dict, container: dict) -> tuple[Mount, ...]:
-    volumes = {}
+def _volumes(reader: _Reader, field: str, pod: dict) -> dict[str, tuple[str, dict]]:
+    volumes: dict[str, tuple[str, dict]] = {}
+    carried = {
+        "persistentVolumeClaim": ("claim", {"claimName", "readOnly"}),
+        "emptyDir": ("empty_dir", {"medium", "sizeLimit"}),
+        "secret": ("secret", {"secretName", "optional"}),
+        "configMap": ("config_map", {"name", "optional"}),
+        "ephemeral": ("ephemeral", {"volumeClaimTemplate"}),
+    }
     for i, volume in enumerate(pod.get("volumes") or []):
         name = volume.get("name")
-        kinds = set(volume) - {"name"}
-        if kinds == {"persistentVolumeClaim"}:
-            volumes[name] = ("claim", volume["persistentVolumeClaim"])
-        elif kinds == {"emptyDir"}:
-            volumes[name] = ("empty", None)
+        kinds = sorted(set(volume) - {"name"})
+        where = f"{field}.volumes[{i}] ({name})"
+        if len(kinds) != 1 or kinds[0] not in carried:
+            reader.refuse(
+                where,
+                f"a {', '.join(kinds)} volume cannot be mounted by a KFP task; allowed: persistentVolumeClaim, "
+                "emptyDir, secret, configMap, ephemeral"
+                + ("; put the files in a claim or the image" if kinds == ["hostPath"] else ""),
+            )
+            continue
+        kind, keys = carried[kinds[0]]
+        source = volume[kinds[0]] or {}
+        for key in sorted(set(source) - keys):
+            reader.refuse(f"{where}.{kinds[0]}.{key}", f"{_NOT_EXPRESSIBLE}; allowed: {', '.join(sorted(keys))}")
+        volumes[name] = (kind, source)
+    return volumes
+
+
+def _ephemeral(reader: _Reader, where: str, name: str, path: str, source: dict) -> Volume | None:
+    template = source.get("volumeClaimTemplate") or {}
+    spec = template.get("spec") or {}
+    size = ((spec.get("resources") or {}).get("requests") or {}).get("storage")
+    if not size or not spec.get("accessModes"):
+        reader.refuse(where, "an ephemeral volume needs spec.accessModes and spec.resources.requests.storage")
+        return None
+    for key in sorted(set(spec) - {"accessModes", "resources", "storageClassName"}):
+        reader.refuse(f"{where}.ephemeral.volumeClaimTemplate.spec.{key}", _NOT_EXPRESSIBLE)
+    if template.get("metadata"):
+        reader.warn(f"{where}.ephemeral.volumeClaimTemplate.metadata", "not applied to the claim")
+    return Volume(
+        "ephemeral",
+        name,
+        path,
+        size=str(size),
+        access_modes=tuple(spec["accessModes"]),
+        storage_class=str(spec.get("storageClassName") or ""),
+    )
+
+
+def _mounts(reader: _Reader, field: str, pod: dict, container: dict) -> tuple[tuple[Mount, ...], tuple[Volume, ...]]:
+    volumes = _volumes(reader, field, pod)
+    claims: list[Mount] = []
+    others: list[Volume] = []
+    for i, mount in enumerate(container.get("volumeMounts") or []):
+        name = mount.get("name")
+        where = f"{field}.containers[0].volumeMounts[{i}] ({name})"
+        if name not in volumes:
+            if not any(v.get("name") == name for v in pod.get("volumes") or []):
+                reader.refuse(where, "names no volume of the pod")
+            continue
+        kind, source = volumes[name]
+        path = mount.get("mountPath")
+        for key in sorted(set(mount) - {"name", "mountPath", "readOnly", "subPath", "mountPropagation"}):
+            reader.refuse(f"{where}.{key}", _NOT_EXPRESSIBLE)
+        if mount.get("mountPropagation"):
+            reader.refuse(f"{where}.mountPropagation", _NOT_EXPRESSIBLE)
+        if mount.get("subPath") and kind != "claim":
+            reader.refuse(f"{where}.subPath", "kfp-kubernetes 2.17 mounts a sub-path of a persistentVolumeClaim only")
+        read_only = bool(mount.get("readOnly"))
+        if kind == "claim":
+            read_only = read_only or bool(source.get("readOnly"))
+            if read_only:
+                reader.warn(
+                    f"{where}.readOnly",
+                    f"the claim {source.get('claimName')} is mounted read-write: kfp-kubernetes 2.17's mount_pvc has "
+                    "no read-only option; the command must not write there",
+                )
+            claims.append(Mount(str(source.get("claimName")), path, read_only, str(mount.get("subPath") or "")))
+            continue
+        if read_only and kind in ("empty_dir", "ephemeral"):
+            reader.warn(f"{where}.readOnly", "mounted read-write (kfp-kubernetes 2.17 has no read-only option)")
+        if kind == "secret":
+            others.append(Volume("secret", name, path, str(source.get("secretName")), bool(source.get("optional"))))
+        elif kind == "config_map":
+            others.append(Volume("config_map", name, path, str(source.get("name")), bool(source.get("optional"))))
+        elif kind == "empty_dir":
+            size = source.get("sizeLimit")
+            if size is not None:
+                try:
+                    quantity.parse(size, f"{where}.emptyDir.sizeLimit")
+                except UsageError as err:
+                    reader.refusals.append(str(err))
+            others.append(Volume("empty_dir", name, path, medium=str(source.get("medium") or ""), size=str(size or "")))
+        elif (volume := _ephemeral(reader, where, name, path, source)) is not None:
+            others.append(volume)
+    return tuple(claims), tuple(others)
+
+
+def _tolerations(reader: _Reader, field: str, items: Any) -> tuple[Toleration, ...]:
+    kept = []
+    for i, item in enumerate(items or []):
+        unknown = sorted(set(item) - set(_TOLERATION)) if isinstance(item, dict) else ["(not a mapping)"]
+        if unknown:
+            reader.refuse(f"{field}[{i}]", f"unknown keys {unknown}; allowed: {', '.join(_TOLERATION)}")
+            continue
+        if item.get("operator", "Equal") not in ("Equal", "Exists") or item.get("effect", "NoSchedule") not in (
+            "NoSchedule",
+            "PreferNoSchedule",
+            "NoExecute",
+        ):
+            reader.refuse(f"{field}[{i}]", "operator: Equal or Exists; effect: NoSchedule, PreferNoSchedule, NoExecute")
+            continue
+        kept.append(Toleration(**{_TOLERATION[k]: v for k, v in item.items()}))
+    return tuple(kept)
+
+
+def _requirements(items: Any) -> tuple[tuple[tuple[str, Any], ...], ...]:
+    return tuple(
+        tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(item.items())) for item in items or []
+    )
+
+
+def _affinity(reader: _Reader, field: str, affinity: Any) -> tuple[NodeTerm, ...]:
+    if not isinstance(affinity, dict):
+        reader.refuse(field, f"{affinity!r} is not a mapping")
+        return ()
+    for key in sorted(set(affinity) - {"nodeAffinity"}):
+        reader.refuse(
+            f"{field}.{key}",
+            "kfp-kubernetes 2.17 sets node affinity only; keep tasks apart or together with nodeSelector and node "
+            "affinity on node labels",
+        )
+    node = affinity.get("nodeAffinity") or {}
+    terms = []
+    required = node.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    for term in required.get("nodeSelectorTerms") or []:
+        terms.append(NodeTerm(_requirements(term.get("matchExpressions")), _requirements(term.get("matchFields"))))
+    for preferred in node.get("preferredDuringSchedulingIgnoredDuringExecution") or []:
+        term = preferred.get("preference") or {}
+        terms.append(
+            NodeTerm(
+                _requirements(term.get("matchExpressions")),
+                _requirements(term.get("matchFields")),
+                int(preferred.get("weight", 1)),
+            )
+        )
+    allowed = {"requiredDuringSchedulingIgnoredDuringExecution", "preferredDuringSchedulingIgnoredDuringExecution"}
+    for key in sorted(set(node) - allowed):
+        reader.refuse(f"{field}.nodeAffinity.{key}", "unknown field")
+    return tuple(terms)
+
+
+def _security(reader: _Reader, field: str, context: Any, into: dict[str, Any]) -> None:
+    for key, value in (context or {}).items():
+        if key in _SECURITY:
+            into[_SECURITY[key]] = value
         else:
             reader.refuse(
-                f"{field}.volumes[{i}] ({name})",
-                f"a {', '.join(sorted(kinds))} volume cannot be mapped; allowed: persistentVolumeClaim, emptyDir",
+                f"{field}.{key}",
+                "kfp-kubernetes 2.17 sets runAsUser, runAsGroup and runAsNonRoot only (KFP drops every capability "
+                "and forbids privilege escalation)",
             )
-    mounts = []
-    for i, mount in enumerate(container.get("volumeMounts") or []):
-        where = f"{field}.containers[0].volumeMounts[{i}] ({mount.get('name')})"
-        if mount.get("subPath"):
-            reader.refuse(where, "subPath is not carried over")
-            continue
-        kind, source = volumes.get(mount.get("name"), (None, None))
-        if kind == "claim":
-            read_only = bool(mount.get("readOnly") or source.get("readOnly"))
-            mounts.append(Mount(source["claimName"], mount["mountPath"], read_only))
-        elif kind == "empty":
-            reader.warn(where, f"emptyDir at {mount['mountPath']}: the container's own filesystem is used instead")
-        elif mount.get("name") not in volumes:
-            reader.refuse(where, "names no volume of the pod")
-    return tuple(mounts)
 
 
 def _port(reader: _Reader, field: str, container: dict) -> int:
-    for port in container.get("ports") or []:
-        if port.get("name") == "tfjob-port":
-            return int(port["containerPort"])
-    return DEFAULT_PORT
+    port = DEFAULT_PORT
+    for i, item in enumerate(container.get("ports") or []):
+        if isinstance(item, dict) and item.get("name") == "tfjob-port":
+            port = int(item["containerPort"])
+        else:
+            reader.warn(
+                f"{field}[{i}]",
+                "not applied: a task's Service exposes its TensorFlow port (tfjob-port) and control port",
+            )
+    return port
 
 
 def _replica(reader: _Reader, kind: str, spec: Any) -> Replica | None:
     field = f"spec.tfReplicaSpecs.{kind}"
     if kind not in REPLICA_TYPES:
-        why = {
-            "Evaluator": "a side-car evaluator is not supported; evaluate after training in a step of its own",
-            "Master": "rename it Chief (the same role in TensorFlow)",
-        }.get(kind, f"unknown replica type; allowed: {', '.join(REPLICA_TYPES)}")
+        why = (
+            "rename it Chief (the same role in TensorFlow)"
+            if kind == "Master"
+            else f"unknown replica type; allowed: {', '.join(REPLICA_TYPES)}"
+        )
         reader.refuse(field, why)
         return None
     if not isinstance(spec, dict):
         reader.refuse(field, "is not a mapping")
         return None
+    for key in sorted(set(spec) - {"replicas", "restartPolicy", "template"}):
+        reader.refuse(f"{field}.{key}", "unknown field")
     count = spec.get("replicas", 1)
-    if not isinstance(count, int) or count < 1 or (kind == "Chief" and count != 1):
-        reader.refuse(f"{field}.replicas", f"{count!r}; allowed: {'1' if kind == 'Chief' else 'an integer ≥ 1'}")
+    single = kind in ("Chief", "Evaluator")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1 or (single and count != 1):
+        reader.refuse(f"{field}.replicas", f"{count!r}; allowed: {'1' if single else 'an integer ≥ 1'}")
         return None
     policy = spec.get("restartPolicy", "Never")
     if policy not in RESTART_POLICIES:
@@ -273,48 +602,153 @@ def _replica(reader: _Reader, kind: str, spec: Any) -> Replica | None:
         return None
     if policy == "Always":
         reader.warn(f"{field}.restartPolicy", "Always is run as OnFailure: a task that finished is not started again")
-    pod = (spec.get("template") or {}).get("spec") or {}
+    template = spec.get("template") or {}
+    for key in sorted(set(template) - {"metadata", "spec"}):
+        reader.refuse(f"{field}.template.{key}", "unknown field")
+    metadata = template.get("metadata") or {}
+    for key in sorted(set(metadata) - {"labels", "annotations", "name"}):
+        reader.refuse(f"{field}.template.metadata.{key}", "a task's pod takes labels and annotations only")
+    if metadata.get("name"):
+        reader.warn(f"{field}.template.metadata.name", "not applied: KFP names the pods")
+    pod = template.get("spec") or {}
+    where = f"{field}.template.spec"
     containers = pod.get("containers") or []
     if not containers:
-        reader.refuse(f"{field}.template.spec.containers", "the pod has no container")
+        reader.refuse(f"{where}.containers", "the pod has no container")
         return None
     main = next((c for c in containers if c.get("name") == DEFAULT_CONTAINER), containers[0])
     for other in containers:
         if other is not main:
             reader.refuse(
-                f"{field}.template.spec.containers ({other.get('name')})", "sidecar containers are not carried over"
+                f"{where}.containers ({other.get('name')})",
+                "a KFP task runs one container: sidecars cannot be added; run a logging or proxy agent as a "
+                "DaemonSet, or inside the command",
             )
-    for key in sorted(set(pod) - {"containers", "volumes", "restartPolicy"}):
-        reader.refuse(f"{field}.template.spec.{key}", "pod-level settings are not carried over")
-    for key in sorted(set(main) - _CONTAINER_KEYS - _IGNORED_CONTAINER):
-        reader.refuse(f"{field}.template.spec.containers[0].{key}", "not carried over")
-    if main.get("workingDir"):
-        reader.refuse(f"{field}.template.spec.containers[0].workingDir", "not carried over; use absolute paths")
+    carried_pod = {
+        "containers",
+        "volumes",
+        "nodeSelector",
+        "tolerations",
+        "affinity",
+        "imagePullSecrets",
+        "securityContext",
+    }
+    for key in sorted(set(pod) - carried_pod):
+        if key in _POD_WARNED:
+            reader.warn(f"{where}.{key}", _POD_WARNED[key])
+        else:
+            reader.refuse(f"{where}.{key}", _POD_REFUSED.get(key, _NOT_EXPRESSIBLE))
+    container = f"{where}.containers[0]"
+    carried_container = {
+        "name",
+        "image",
+        "command",
+        "args",
+        "env",
+        "resources",
+        "ports",
+        "volumeMounts",
+        "workingDir",
+        "imagePullPolicy",
+        "securityContext",
+    }
+    for key in sorted(set(main) - carried_container):
+        if key in _CONTAINER_WARNED:
+            reader.warn(f"{container}.{key}", _CONTAINER_WARNED[key])
+        else:
+            reader.refuse(f"{container}.{key}", _CONTAINER_REFUSED.get(key, _NOT_EXPRESSIBLE))
     if not isinstance(main.get("image"), str) or not main["image"]:
-        reader.refuse(f"{field}.template.spec.containers[0].image", "every replica needs an image")
+        reader.refuse(f"{container}.image", "every replica needs an image")
         return None
-    command = _strings(reader, f"{field}.template.spec.containers[0].command", main.get("command"))
+    command = _strings(reader, f"{container}.command", main.get("command"))
     if not command:
         reader.refuse(
-            f"{field}.template.spec.containers[0].command",
+            f"{container}.command",
             "give the command explicitly (the image's entrypoint is replaced by the pipeline's own)",
         )
-    env, secret_env = _env(reader, f"{field}.template.spec.containers[0].env", main.get("env"))
-    requests, limits = _resources(reader, f"{field}.template.spec.containers[0].resources", main.get("resources"))
+    pull_policy = main.get("imagePullPolicy") or ""
+    if pull_policy not in ("", "Always", "IfNotPresent", "Never"):
+        reader.refuse(f"{container}.imagePullPolicy", f"{pull_policy!r}; allowed: Always, IfNotPresent, Never")
+    env, env_from = _env(reader, f"{container}.env", main.get("env"))
+    requests, limits, accelerator, accelerators = _resources(reader, f"{container}.resources", main.get("resources"))
+    if accelerator:
+        reader.warn(
+            f"{container}.resources ({accelerator}: {accelerators})",
+            "the task's accelerator limit and type; this project's image installs CPU-only TensorFlow, so build the "
+            "replica's image FROM a GPU TensorFlow image (tensorflow/tensorflow:2.21.0-gpu) with this package "
+            "installed (docs/migrate-from-tfjob.md)",
+        )
+    secrets = []
+    for i, item in enumerate(pod.get("imagePullSecrets") or []):
+        if isinstance(item, dict) and item.get("name"):
+            secrets.append(str(item["name"]))
+        else:
+            reader.refuse(f"{where}.imagePullSecrets[{i}]", "needs a name")
+    security: dict[str, Any] = {}
+    _security(reader, f"{where}.securityContext", pod.get("securityContext"), security)
+    _security(reader, f"{container}.securityContext", main.get("securityContext"), security)
+    mounts, volumes = _mounts(reader, where, pod, main)
+    node_selector = _pairs(reader, f"{where}.nodeSelector", pod.get("nodeSelector"))
     return Replica(
         type=REPLICA_TYPES[kind],
         count=count,
         image=main["image"],
         command=command,
-        args=_strings(reader, f"{field}.template.spec.containers[0].args", main.get("args")),
+        args=_strings(reader, f"{container}.args", main.get("args")),
         env=env,
-        secret_env=secret_env,
+        env_from=env_from,
         requests=requests,
         limits=limits,
-        mounts=_mounts(reader, f"{field}.template.spec", pod, main),
+        mounts=mounts,
         restart_policy="OnFailure" if policy == "Always" else policy,
-        port=_port(reader, field, main),
+        port=_port(reader, f"{container}.ports", main),
+        working_dir=str(main.get("workingDir") or ""),
+        pod=Pod(
+            node_selector=node_selector,
+            tolerations=_tolerations(reader, f"{where}.tolerations", pod.get("tolerations")),
+            node_affinity=_affinity(reader, f"{where}.affinity", pod["affinity"]) if "affinity" in pod else (),
+            image_pull_secrets=tuple(secrets),
+            image_pull_policy=pull_policy,
+            labels=_pairs(reader, f"{field}.template.metadata.labels", metadata.get("labels")),
+            annotations=_pairs(reader, f"{field}.template.metadata.annotations", metadata.get("annotations")),
+            volumes=volumes,
+            accelerator=accelerator,
+            accelerators=accelerators,
+            **security,
+        ),
     )
+
+
+def _run_policy(reader: _Reader, policy: Any) -> tuple[int, int | None]:
+    """The deadline (0: none) and backoff limit (None: not given) of `runPolicy`; the rest warned about."""
+    if not isinstance(policy, dict):
+        return 0, None
+    deadline, backoff = 0, None
+    for key, value in policy.items():
+        field = f"spec.runPolicy.{key}"
+        if key == "activeDeadlineSeconds":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                reader.refuse(field, f"{value!r}; allowed: a whole number of seconds ≥ 1")
+                continue
+            deadline = value
+            reader.warn(
+                f"{field} ({value})",
+                "every task's timeout (Kubernetes' activeDeadlineSeconds of its pod): each task, and each pod KFP "
+                "re-creates, gets the whole time, where the operator counted it once for the whole job",
+            )
+        elif key == "backoffLimit":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                reader.refuse(field, f"{value!r}; allowed: a whole number ≥ 0")
+                continue
+            backoff = value
+            reader.warn(
+                f"{field} ({value})",
+                "each task restarts in place at most this many times (the pipeline's max_restarts), where the "
+                "operator counted the restarts of all pods together; KFP re-creates a lost pod on top",
+            )
+        else:
+            reader.warn(f"{field} ({value!r})", _RUN_POLICY_WARNED.get(key, "not applied"))
+    return deadline, backoff
 
 
 def read_manifest(manifest: Any) -> JobSpec:
@@ -330,25 +764,66 @@ def read_manifest(manifest: Any) -> JobSpec:
         raise UsageError(
             f"apiVersion {manifest.get('apiVersion')!r}, kind {manifest.get('kind')!r}; allowed: {API_VERSION} {KIND}"
         )
+    for key in sorted(set(manifest) - {"apiVersion", "kind", "metadata", "spec", "status"}):
+        reader.refuse(key, "unknown field")
+    if manifest.get("status"):
+        reader.warn("status", "a running job's status; not applied")
     metadata = manifest.get("metadata") or {}
+    for key in ("labels", "annotations"):
+        if metadata.get(key):
+            reader.warn(
+                f"metadata.{key}",
+                "the TFJob's own are not applied (a Kueue queue-name label queues nothing here); labels and "
+                "annotations for the pods go in each replica's template.metadata",
+            )
+    for key in sorted(set(metadata) - {"name", "namespace", "labels", "annotations"}):
+        reader.warn(f"metadata.{key}", "not applied")
+    if metadata.get("namespace"):
+        reader.warn(
+            f"metadata.namespace ({metadata['namespace']})",
+            "the run's tasks run in the namespace the run is created in",
+        )
     spec = manifest.get("spec") or {}
-    for key, why in _SPEC_FIELDS.items():
-        if key in spec:
-            reader.warn(f"spec.{key}", why)
-    for key in sorted(set(spec) - set(_SPEC_FIELDS) - {"tfReplicaSpecs", "runPolicy"}):
+    success = spec.get("successPolicy", "")
+    if success not in SUCCESS_POLICIES:
+        reader.refuse("spec.successPolicy", f"{success!r}; allowed: AllWorkers or empty (the default)")
+    if "enableDynamicWorker" in spec:
+        reader.warn("spec.enableDynamicWorker", "the number of tasks is fixed when the pipeline is compiled")
+    legacy = {"cleanPodPolicy", "ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit"}
+    for key in sorted(set(spec) & legacy):
+        reader.warn(
+            f"spec.{key}",
+            "not applied: the operator (v1.7 and later) reads it under spec.runPolicy only and ignored it here; move "
+            "it there to have it applied",
+        )
+    for key in sorted(set(spec) - legacy - {"tfReplicaSpecs", "runPolicy", "successPolicy", "enableDynamicWorker"}):
         reader.refuse(f"spec.{key}", "unknown field")
-    for key, value in (spec.get("runPolicy") or {}).items():
-        reader.warn(f"spec.runPolicy.{key} ({value!r})", _RUN_POLICY.get(key, "not applied"))
-    replicas = [r for kind, rspec in (spec.get("tfReplicaSpecs") or {}).items() if (r := _replica(reader, kind, rspec))]
+    deadline, backoff = _run_policy(reader, spec.get("runPolicy"))
+    replicas = []
+    for kind, rspec in (spec.get("tfReplicaSpecs") or {}).items():
+        # The operator reads replica types case-insensitively (setTypeNameToCamelCase): `Ps` and `worker` are PS and
+        # Worker.
+        canonical = next((k for k in (*REPLICA_TYPES, "Master") if k.lower() == str(kind).lower()), str(kind))
+        if (replica := _replica(reader, canonical, rspec)) is not None:
+            replicas.append(replica)
+    if len({r.type for r in replicas}) < len(replicas):
+        reader.refuse("spec.tfReplicaSpecs", "a replica type is given twice (types are read case-insensitively)")
     if not replicas and not reader.refusals:
         reader.refuse("spec.tfReplicaSpecs", "no replicas; give Worker (and optionally Chief, or Chief and PS)")
     kinds = {r.type for r in replicas}
-    if "ps" in kinds and kinds != {"chief", "ps", "worker"}:
+    if "ps" in kinds and not {"chief", "worker"} <= kinds:
         reader.refuse(
             "spec.tfReplicaSpecs.PS",
             "parameter-server training needs a Chief (the coordinator that runs your training loop) and Workers; "
             f"the job has {', '.join(k for k, v in REPLICA_TYPES.items() if v in kinds)}",
         )
+    if kinds == {"evaluator"}:
+        reader.refuse("spec.tfReplicaSpecs.Evaluator", "an Evaluator evaluates a training job: give Worker or Chief")
+    if success and "chief" in kinds:
+        reader.warn("spec.successPolicy", "AllWorkers does not apply to a job with a Chief: the Chief decides")
+    total = sum(r.count for r in replicas)
+    if total > MAX_TASKS:
+        reader.refuse("spec.tfReplicaSpecs", f"{total} tasks in all; allowed: at most {MAX_TASKS}")
     if replicas and len({r.port for r in replicas}) > 1:
         reader.refuse("spec.tfReplicaSpecs.*.ports (tfjob-port)", "every replica must use the same port")
     if reader.refusals:
@@ -362,4 +837,7 @@ def read_manifest(manifest: Any) -> JobSpec:
         namespace=str(metadata.get("namespace") or ""),
         replicas=tuple(replicas),
         warnings=tuple(reader.warnings),
+        success_policy=success,
+        deadline=deadline,
+        backoff_limit=backoff,
     )

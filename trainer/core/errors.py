@@ -43,16 +43,24 @@ class KubernetesError(ServiceError):
     """A Kubernetes API call failed; the message names the verb, resource and namespace."""
 
 
+class PeerFinishedError(RuntimeError):
+    """A restart would wait for a peer that already finished successfully. Permanent (exit 1): it never comes back."""
+
+
 class ChiefFailedError(RuntimeError):
     """Parameter-server mode: the chief reported that training failed (exit 1; the line carries the chief's reason)."""
 
 
 class TaskFailedError(RuntimeError):
-    """A supervised training process failed with `code`; it has written its own `error:` line."""
+    """A supervised training process failed with `code`; it has written its own `error:` line.
 
-    def __init__(self, code: int) -> None:
-        super().__init__(f"the training process exited with code {code}")
+    `reason`, when given, is the `error:` line of a runner whose task failed (its name and code, its own line).
+    """
+
+    def __init__(self, code: int, reason: str = "") -> None:
+        super().__init__(reason or f"the training process exited with code {code}")
         self.code = code
+        self.reason = reason
 
 
 def exit_code(error: BaseException) -> int:
