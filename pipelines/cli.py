@@ -124,49 +124,8 @@ def build_parser(action: str | None) -> argparse.ArgumentParser:
             choices=list(FACTORIES),
             help="multi_worker_mirrored (default) or parameter_server (chief, ps and worker tasks)",
         )
-        pods = parser.add_argument_group("training pods")
-        for f in PodSettings.__dataclass_fields__.values():
-            pods.add_argument(
-                "--" + f.name.replace("_", "-"),
-                type=type(f.default),
-                default=f.default,
-                help=f"{_attribute_doc(f.name)} (default: {f.default})",
-            )
-        storage = parser.add_argument_group("storage (docs/storage.md)")
-        storage.add_argument(
-            "--no-cache-data",
-            dest="cache_data",
-            action="store_false",
-            help="prepare the data again in every run, for a source whose data changes (your function, a rewritten "
-            "IDX location); default: KFP reuses the data an earlier run prepared from the same source",
-        )
-        storage.add_argument(
-            "--storage",
-            default="",
-            choices=["", "kfp"],
-            help="kfp: the pipeline's own object store (KFP 2.16+: SeaweedFS, the namespace's keys from the Secret "
-            "mlpipeline-minio-artifact; models under s3://mlpipeline/private/{namespace}/); default: none",
-        )
-        storage.add_argument(
-            "--storage-secret",
-            default="",
-            metavar="SECRET",
-            help="another Secret whose keys become the S3 credentials of the steps that store (publish, deploy, the "
-            "parameter-server tasks); default: none",
-        )
-        storage.add_argument(
-            "--storage-secret-keys",
-            default=KFP_KEYS,
-            metavar="KEY=ENV,...",
-            help="which key of --storage-secret becomes which variable (default: %(default)s)",
-        )
-        storage.add_argument(
-            "--checkpoint-volume",
-            default="",
-            metavar="CLAIM",
-            help="mount this ReadWriteMany PersistentVolumeClaim at /mnt/checkpoints on every training worker "
-            "(the default of the checkpoint_claim parameter); default: none, checkpoints stay in the pod",
-        )
+        add_pod_arguments(parser)
+        add_storage_arguments(parser)
     if action == "compile":
         parser.add_argument("--output", default="mnist_pipeline.yaml", help="the YAML path (default: %(default)s)")
     if action == "local":
@@ -202,6 +161,58 @@ def build_parser(action: str | None) -> argparse.ArgumentParser:
     return parser
 
 
+def add_pod_arguments(parser: argparse.ArgumentParser, what: str = "") -> None:
+    """The training pods' flags, one per `PodSettings` field; `what` is added to the group's title."""
+    pods = parser.add_argument_group("training pods" + what)
+    for f in PodSettings.__dataclass_fields__.values():
+        pods.add_argument(
+            "--" + f.name.replace("_", "-"),
+            type=type(f.default),
+            default=f.default,
+            help=f"{_attribute_doc(f.name)} (default: {f.default})",
+        )
+
+
+def add_storage_arguments(parser: argparse.ArgumentParser, data: bool = True) -> None:
+    """The storage flags; `data`: also those of this project's own data and checkpoints (cache, volume)."""
+    storage = parser.add_argument_group("storage (docs/storage.md)")
+    storage.add_argument(
+        "--storage",
+        default="",
+        choices=["", "kfp"],
+        help="kfp: the pipeline's own object store (KFP 2.16+: SeaweedFS, the namespace's keys from the Secret "
+        "mlpipeline-minio-artifact; models under s3://mlpipeline/private/{namespace}/); default: none",
+    )
+    storage.add_argument(
+        "--storage-secret",
+        default="",
+        metavar="SECRET",
+        help="another Secret whose keys become the S3 credentials of the steps that store (publish, deploy, the "
+        "parameter-server tasks); default: none",
+    )
+    storage.add_argument(
+        "--storage-secret-keys",
+        default=KFP_KEYS,
+        metavar="KEY=ENV,...",
+        help="which key of --storage-secret becomes which variable (default: %(default)s)",
+    )
+    if data:
+        storage.add_argument(
+            "--no-cache-data",
+            dest="cache_data",
+            action="store_false",
+            help="prepare the data again in every run, for a source whose data changes (your function, a rewritten "
+            "IDX location); default: KFP reuses the data an earlier run prepared from the same source",
+        )
+        storage.add_argument(
+            "--checkpoint-volume",
+            default="",
+            metavar="CLAIM",
+            help="mount this ReadWriteMany PersistentVolumeClaim at /mnt/checkpoints on every training worker "
+            "(the default of the checkpoint_claim parameter); default: none, checkpoints stay in the pod",
+        )
+
+
 def _attribute_doc(name: str) -> str:
     doc = PodSettings.__doc__ or ""
     match = re.search(rf"^\s+{name}: (.+?)(?=^\s+\w+: |\Z)", doc, re.M | re.S)
@@ -215,8 +226,9 @@ def pod_settings(args: argparse.Namespace) -> PodSettings:
 
 def storage_settings(args: argparse.Namespace) -> StorageSettings:
     """The storage flags, checked; a checkpoint volume only for the strategy that checkpoints."""
-    storage = StorageSettings(**{name: getattr(args, name) for name in StorageSettings.__dataclass_fields__})
-    if storage.checkpoint_volume and args.strategy != "multi_worker_mirrored":
+    given = {name: getattr(args, name) for name in StorageSettings.__dataclass_fields__ if hasattr(args, name)}
+    storage = StorageSettings(**given)
+    if storage.checkpoint_volume and getattr(args, "strategy", "") != "multi_worker_mirrored":
         raise UsageError(
             "--checkpoint-volume is not allowed with --strategy parameter_server: its chief keeps no "
             "checkpoints (a lost worker is rescheduled instead); allowed with multi_worker_mirrored"

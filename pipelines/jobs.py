@@ -8,6 +8,7 @@ the other steps run in this project's image.
 """
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from kfp import dsl, kubernetes
@@ -142,8 +143,13 @@ def tfjob_pipeline(
     saved_model: str = "",
     pods: PodSettings = DEFAULT_PODS,
     settings: StorageSettings = DEFAULT_STORAGE,
+    defaults: Mapping[str, Any] | None = None,
 ) -> Any:
-    """The pipeline that runs `job`'s replicas as its tasks; this project's own steps run in `image`."""
+    """The pipeline that runs `job`'s replicas as its tasks; this project's own steps run in `image`.
+
+    `pods` fills in what a replica's resources leave out and sets retries and the timeout (the manifest's
+    activeDeadlineSeconds first); `defaults` are pipeline parameter defaults (publish_uri, s3_endpoint).
+    """
     ops = components.build(image)
     create = dsl.component(declare(create_job_cluster), base_image=image, install_kfp_package=False)
     pick = dsl.component(chief_model, base_image=image, install_kfp_package=False)
@@ -152,7 +158,7 @@ def tfjob_pipeline(
     }
     chief, servers, workers = job.replica("chief"), job.replica("ps"), job.replica("worker")
     evaluator = job.replica("evaluator")
-    overrides = {**settings.overrides(), "port": job.port}
+    overrides = {**settings.overrides(), **(defaults or {}), "port": job.port}
     if job.backoff_limit is not None:
         overrides["max_restarts"] = job.backoff_limit
     if not servers and any(r.restart_policy == "Never" for r in job.replicas):

@@ -13,6 +13,7 @@ import os
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -109,22 +110,35 @@ def _warn(job: JobSpec) -> None:
 
 
 def compile_job(args: argparse.Namespace) -> None:
-    """Writes the pipeline YAML of the manifest."""
+    """Writes the pipeline YAML of the manifest, with the storage and pod settings of the flags."""
     from kfp import compiler
 
-    from pipelines.cli import check_image
-    from pipelines.jobs import tfjob_pipeline
+    from pipelines.cli import check_image, pod_settings, storage_settings
+    from pipelines.jobs import replica_pods, tfjob_pipeline
+    from trainer.config import registry as settings
 
     if not args.image:
         raise UsageError("--image is required with --compile: the image this project's own steps run in")
     job = load(args.manifest)
-    _warn(job)
+    pods, storage = pod_settings(args), storage_settings(args)
+    defaults = {}
+    if args.publish_uri:
+        if "://" not in args.publish_uri:
+            raise UsageError(
+                f"--publish-uri {args.publish_uri!r} is not allowed with --compile: a path is the publish pod's own "
+                "disk, gone with the pod; allowed: s3://BUCKET/PREFIX or gs://BUCKET/PREFIX (or --storage kfp)"
+            )
+        defaults["publish_uri"] = settings.check("publish_uri", args.publish_uri)
+    if args.s3_endpoint:
+        defaults["s3_endpoint"] = settings.check("s3_endpoint", args.s3_endpoint)
+    for line in [*job.warnings, *(w for r in job.replicas for w in replica_pods(r, pods, job.deadline)[1])]:
+        print(f"warning: {line}", file=sys.stderr)
     check_image(args.image)
     for replica in job.replicas:
         check_image(replica.image)
     if not args.output.endswith((".yaml", ".yml")):
         raise UsageError(f"--output {args.output!r} must end with .yaml or .yml")
-    pipeline = tfjob_pipeline(job, args.image, args.saved_model)
+    pipeline = tfjob_pipeline(job, args.image, args.saved_model, pods, storage, defaults)
     with tempfile.TemporaryDirectory() as tmp:
         compiler.Compiler().compile(pipeline, package_path=f"{tmp}/pipeline.yaml")
         write_text(args.output, Path(f"{tmp}/pipeline.yaml").read_text())
@@ -132,56 +146,87 @@ def compile_job(args: argparse.Namespace) -> None:
 
 
 def run_job_locally(job: JobSpec, output_dir: str, saved_model: str = "", **arguments: Any) -> dict[str, Any]:
-    """Runs the job's pipeline through kfp.local's SubprocessRunner; returns where the model went and the time."""
-    from kfp import local
+    """Runs every task of the job at once as a local process (`trainer.command.local`), then takes the chief's model.
 
-    from pipelines.jobs import tfjob_pipeline
-    from pipelines.local import LOCAL_MAX_WORKERS
+    The chief's model is copied to `model` under the run's directory (as the pipeline's `chief model` step does) and
+    published when `publish_uri` is given (as its `publish model` step does).
+
+    Args:
+        job: the job, its paths this machine's (`for_this_machine`).
+        output_dir: where the run's directory (`<job name>-<time>`) goes.
+        saved_model: where the chief's command writes its SavedModel (default `$(MODEL_DIR)/saved_model`).
+        **arguments: `publish_uri` and `s3_endpoint`, and `trainer.command.local.run_job`'s settings
+            (`startup_timeout`, ...); `max_restarts` defaults as in the compiled pipeline (`pipelines.jobs`).
+
+    Returns:
+        `seconds`, the run's directory `run`, the chief's `model`, its `metadata` and, with `publish_uri`, the
+        `publication`.
+    """
+    from components.contract import pipeline_default
+    from trainer import steps
+    from trainer.command import local
     from trainer.config import registry as settings
 
-    tasks = sum(r.count for r in job.replicas)
-    if tasks > LOCAL_MAX_WORKERS:
-        raise UsageError(
-            f"{tasks} tasks are not allowed with --local; allowed: 1 to {LOCAL_MAX_WORKERS} (kfp.local runs at most "
-            "2 loop iterations at once and every task must run at the same time)"
+    publish_uri = arguments.pop("publish_uri", "")
+    s3_endpoint = arguments.pop("s3_endpoint", "")
+    local.check_tasks(len(local.job_tasks(job)))
+    restarts = pipeline_default("max_restarts") if job.backoff_limit is None else job.backoff_limit
+    if not job.parameter_servers and any(r.restart_policy == "Never" for r in job.replicas):
+        restarts = 0
+    arguments = {"startup_timeout": settings.default("startup_timeout"), "max_restarts": restarts, **arguments}
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = os.path.join(os.path.abspath(output_dir), f"{job.name}-{stamp}-{uuid.uuid4().hex[:6]}")
+    result = local.run_job(job, run_dir, saved_model, run_id=os.path.basename(run_dir), **arguments)
+    model = os.path.join(run_dir, "model")
+    chief, record = steps.job_model(list(result.model_dirs), model)
+    outcome = {
+        "seconds": result.seconds,
+        "run": run_dir,
+        "model": model,
+        "metadata": {"source_uri": chief, "task": record.task, "restarts": record.restarts, **record.metrics},
+    }
+    if publish_uri:
+        outcome["publication"] = steps.publish_model(
+            model, record.metrics, publish_uri, model_uri=chief, s3_endpoint=s3_endpoint
         )
-    root = os.path.abspath(output_dir)
-    os.makedirs(root, exist_ok=True)
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=root, raise_on_error=True)
-    started = time.monotonic()
-    arguments = {"startup_timeout": settings.default("startup_timeout"), **arguments}
-    model = tfjob_pipeline(job, LOCAL_IMAGE, saved_model)(cluster_mode="local", **arguments).output
-    return {"seconds": round(time.monotonic() - started, 1), "model": model.path, "metadata": dict(model.metadata)}
+    return outcome
 
 
 def local_run(args: argparse.Namespace) -> None:
-    """Runs the manifest's job here, every task a local process, and prints where the model and publication are."""
-    from trainer.storage.publish import latest
+    """Runs the manifest's job here, every task a local process at once; prints where the model and publication are."""
+    from trainer.command import local
 
     job = load(args.manifest)
     _warn(job)
+    local.check_tasks(len(local.job_tasks(job)))
     root = os.path.abspath(args.output_dir)
     paths = local_paths(job, _mounts(args.mount), os.path.join(root, "volumes"))
     job = for_this_machine(job, paths)
     arguments = {}
     if args.publish_uri:
         arguments["publish_uri"] = args.publish_uri if "://" in args.publish_uri else os.path.abspath(args.publish_uri)
+        arguments["s3_endpoint"] = getattr(args, "s3_endpoint", "") or ""
     saved_model = _rewrite(args.saved_model, paths) if args.saved_model else ""
-    result = run_job_locally(job, os.path.join(root, "pipeline"), saved_model, **arguments)
+    result = run_job_locally(job, os.path.join(root, "runs"), saved_model, **arguments)
     print(f"run took {result['seconds']} s")
     print(f"model: {result['model']}")
     if args.publish_uri:
-        published = latest(arguments["publish_uri"])
-        print(f"published: version {published.version} at {published.path}" if published else "published: nothing")
+        publication = result["publication"]
+        if publication.published:
+            print(f"published: version {publication.version} at {publication.path}")
+        else:
+            print(f"published: nothing: {publication.reason}")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line: a manifest and one action."""
+    """The command line: a manifest and one action, with the MNIST CLI's storage and pod options."""
+    from pipelines.cli import add_pod_arguments, add_storage_arguments
+
     parser = argparse.ArgumentParser(prog="pipelines/tfjob.py", description=__doc__.splitlines()[0])
     parser.add_argument("manifest", help="a kubeflow.org/v1 TFJob manifest (YAML)")
     action = parser.add_mutually_exclusive_group(required=True)
     action.add_argument("--compile", action="store_true", help="write the pipeline YAML")
-    action.add_argument("--local", action="store_true", help="run the job here with kfp.local")
+    action.add_argument("--local", action="store_true", help="run every task of the job here at once, as processes")
     parser.add_argument("--image", help="--compile: the image this project's own steps run in")
     parser.add_argument("--output", default="tfjob_pipeline.yaml", help="--compile: the YAML file")
     parser.add_argument(
@@ -191,6 +236,17 @@ def build_parser() -> argparse.ArgumentParser:
         "$(MODEL_DIR)/saved_model); it becomes the pipeline's model and what publishing copies",
     )
     parser.add_argument(
+        "--publish-uri",
+        default="",
+        help="publish the chief's model here: --compile: the default of the publish_uri parameter (s3:// or "
+        "gs://); --local: also a path",
+    )
+    parser.add_argument(
+        "--s3-endpoint", default="", help="the S3 endpoint of s3:// locations, such as http://seaweedfs.kubeflow:9000"
+    )
+    add_pod_arguments(parser, " (--compile: for a replica whose manifest gives no cpu or memory, and every task)")
+    add_storage_arguments(parser, data=False)
+    parser.add_argument(
         "--mount",
         action="append",
         default=[],
@@ -199,7 +255,6 @@ def build_parser() -> argparse.ArgumentParser:
         "directory under --output-dir/volumes that every task shares",
     )
     parser.add_argument("--output-dir", default="out/tfjob", help="--local: where the run's files go")
-    parser.add_argument("--publish-uri", default="", help="--local: publish the chief's model here")
     return parser
 
 

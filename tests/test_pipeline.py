@@ -185,7 +185,8 @@ def test_training_pods_know_who_they_are_and_what_they_may_use(spec, platform):
         ("POD_NAMESPACE", "metadata.namespace"),
         ("POD_IP", "status.podIP"),
     }
-    assert int(worker["activeDeadlineSeconds"]) == 21600
+    # No deadline the user did not choose: a long training is never cut by a default (PodSettings.timeout_seconds).
+    assert "activeDeadlineSeconds" not in worker
     resources = spec["deploymentSpec"]["executors"]["exec-train-worker"]["container"]["resources"]
     assert (
         resources["cpuRequest"] == 1.0
@@ -328,3 +329,24 @@ def test_every_pod_of_both_strategies_carries_the_istio_label_and_training_pods_
         assert labels.get("sidecar.istio.io/inject") == "false", name
         training = name in ("exec-train-worker", "exec-train-chief", "exec-train-server")
         assert (labels.get("app.kubernetes.io/name") == "kfp-tf-multiworker") == training, name
+
+
+def test_pod_settings_take_every_quantity_kubernetes_takes_and_refuse_a_request_above_its_limit():
+    from pipelines.pods import PodSettings
+    from trainer.core.errors import UsageError
+
+    pods = PodSettings(cpu_request="0.5", cpu_limit="1500m", memory_request="1.5Gi", memory_limit="1e10")
+    assert (pods.cpu_request, pods.cpu_limit, pods.memory_request, pods.memory_limit) == (
+        "500m",
+        "1500m",
+        str(3 * 2**29),
+        "10000000000",
+    )
+    unlimited = PodSettings(cpu_request="4", cpu_limit="", memory_request="8Gi", memory_limit="")
+    assert (unlimited.cpu_limit, unlimited.memory_limit) == ("", "")
+    with pytest.raises(UsageError, match=r"^cpu_request '4' is above cpu_limit '2'; Kubernetes rejects such a pod"):
+        PodSettings(cpu_request="4", cpu_limit="2")
+    with pytest.raises(UsageError, match=r"^memory_limit '4GB' is not allowed; allowed: a Kubernetes quantity"):
+        PodSettings(memory_limit="4GB")
+    with pytest.raises(UsageError, match=r"^timeout 30s is not allowed; allowed: 0 \(none\) or at least 60 s"):
+        PodSettings(timeout_seconds=30)

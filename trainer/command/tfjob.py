@@ -393,7 +393,7 @@ def _resources(reader: _Reader, field: str, resources: Any) -> tuple[tuple, tupl
                 f"the request is above the limit ({resources['requests'][name]} > {resources['limits'][name]}); "
                 "Kubernetes rejects such a pod; allowed: a request at most the limit",
             )
-        elif name in ACCELERATORS and both.get("requests") != both.get("limits", both.get("requests")):
+        elif name in ACCELERATORS and len(both) == 2 and both["requests"] != both["limits"]:
             reader.refuse(f"{field}.limits.{name}", "an accelerator's request and limit must be equal (Kubernetes)")
     return tuple(kept["requests"]), tuple(kept["limits"]), accelerator, count
 
@@ -456,8 +456,8 @@ def _mounts(reader: _Reader, field: str, pod: dict, container: dict) -> tuple[tu
         name = mount.get("name")
         where = f"{field}.containers[0].volumeMounts[{i}] ({name})"
         if name not in volumes:
-            if not any(v.get("name") == name for v in pod.get("volumes") or []):
-                reader.refuse(where, "names no volume of the pod")
+            refused = any(v.get("name") == name for v in pod.get("volumes") or [])
+            reader.refuse(where, "mounts a volume that is refused" if refused else "names no volume of the pod")
             continue
         kind, source = volumes[name]
         path = mount.get("mountPath")
