@@ -381,3 +381,166 @@ def test_under_exit_code_a_failure_beside_a_failed_peer_is_a_lost_peer(tmp_path,
         own.close()
         peer.close()
     assert result == [EXIT_PEER_UNAVAILABLE if peer_fails else 1]
+
+
+def test_one_task_in_all_gets_no_tf_config_as_the_operator_gave_none():
+    """kubeflow/trainer v1.7-v1.9 pkg/controller.v1/tensorflow/util.go isDistributed: replicas in all != 1."""
+    assert tfjob.tf_config({"worker": ["a:1"]}, "worker", 0) is None
+    assert tfjob.tf_config({"chief": ["a:1"]}, "chief", 0) is None
+    assert tfjob.tf_config({"worker": ["a:1"], "evaluator": ["b:1"]}, "worker", 0) == {
+        "cluster": {"worker": ["a:1"], "evaluator": ["b:1"]},
+        "task": {"type": "worker", "index": 0},
+        "environment": "cloud",
+    }
+
+
+def test_the_evaluator_is_in_the_cluster_of_tf_config_and_has_no_control_address(tmp_path):
+    """genClusterSpec puts every replica type in the cluster, the Evaluator too; it never restarts with the others."""
+    from trainer.command.run import create_job_cluster
+
+    record = create_job_cluster(str(tmp_path), "run-1", True, 2, "local", 2222, evaluator=True)
+    assert [len(record.cluster[k]) for k in ("chief", "worker", "evaluator")] == [1, 2, 1]
+    assert "evaluator" not in record.control and len(record.control["worker"]) == 2
+    assert tfjob.tf_config(record.cluster, "evaluator", 0) == {
+        "cluster": record.cluster,
+        "task": {"type": "evaluator", "index": 0},
+        "environment": "cloud",
+    }
+    alone = create_job_cluster(str(tmp_path / "alone"), "run-2", True, 0, "local", 2222)
+    assert list(alone.cluster) == ["chief"] and tfjob.tf_config(alone.cluster, "chief", 0) is None
+
+
+def test_an_env_chain_expands_in_the_manifests_order_whatever_the_names_sort_as():
+    job = read_manifest(yaml.safe_load((ROOT / "tests" / "tfjob_corpus" / "08-aws-secret-env.yaml").read_text()))
+    worker = job.replica("worker")
+    assert worker.env == (("DATA_ROOT", "s3://team-mnist/run"), ("CKPT", "$(DATA_ROOT)/ckpt"))
+    env = run.task_environment({}, [list(pair) for pair in worker.env], "/m", "/c")
+    assert env["CKPT"] == "s3://team-mnist/run/ckpt"
+    assert [tfjob.expand(part, env) for part in worker.command][-1] == "--tf-model-dir=s3://team-mnist/run/ckpt"
+    assert worker.env_from == (
+        EnvSource("AWS_ACCESS_KEY_ID", "secret", "aws-creds", "AWS_ACCESS_KEY_ID"),
+        EnvSource("AWS_SECRET_ACCESS_KEY", "secret", "aws-creds", "AWS_SECRET_ACCESS_KEY"),
+        EnvSource("AWS_REGION", "config_map", "aws-settings", "region", optional=True),
+        EnvSource("NODE_NAME", "field", "spec.nodeName"),
+    )
+
+
+def test_the_compiled_env_is_a_list_in_the_manifests_order(tmp_path):
+    from kfp import compiler
+
+    from pipelines.jobs import tfjob_pipeline
+
+    manifest = yaml.safe_load((ROOT / "tests" / "tfjob_corpus" / "08-aws-secret-env.yaml").read_text())
+    compiler.Compiler().compile(tfjob_pipeline(read_manifest(manifest), IMAGE), str(tmp_path / "job.yaml"))
+    spec = next(yaml.safe_load_all((tmp_path / "job.yaml").read_text()))
+    task = next(
+        t
+        for c in spec["components"].values()
+        for n, t in c.get("dag", {}).get("tasks", {}).items()
+        if n.startswith("run-command")
+    )
+    assert task["inputs"]["parameters"]["env"]["runtimeValue"]["constant"] == [
+        ["DATA_ROOT", "s3://team-mnist/run"],
+        ["CKPT", "$(DATA_ROOT)/ckpt"],
+    ]
+    component = spec["components"][task["componentRef"]["name"]]
+    assert component["inputDefinitions"]["parameters"]["env"]["parameterType"] == "LIST"
+
+
+def test_resources_are_kept_as_written_and_deadlines_and_backoff_become_the_tasks_own(tmp_path):
+    from kfp import compiler
+
+    from pipelines.factories import DEFAULT_PODS
+    from pipelines.jobs import replica_pods, tfjob_pipeline
+
+    corpus = ROOT / "tests" / "tfjob_corpus"
+    kueue = read_manifest(yaml.safe_load((corpus / "10-kueue-sample.yaml").read_text()))
+    pods, warnings = replica_pods(kueue.replica("worker"), DEFAULT_PODS)
+    assert (pods.cpu_request, pods.cpu_limit, pods.memory_request, pods.memory_limit) == ("500m", "", "200Mi", "")
+    assert warnings == [] and pods.timeout_seconds == 0
+    bare = read_manifest(yaml.safe_load((corpus / "01-simple.yaml").read_text()))
+    pods, warnings = replica_pods(bare.replica("worker"), DEFAULT_PODS)
+    assert (pods.cpu_request, pods.cpu_limit, pods.memory_request, pods.memory_limit) == ("1", "2", "2Gi", "4Gi")
+    assert warnings == [
+        "spec.tfReplicaSpecs.worker resources: no cpu request or limit; this project's default is used (request 1, "
+        "limit 2)",
+        "spec.tfReplicaSpecs.worker resources: no memory request or limit; this project's default is used (request "
+        "2Gi, limit 4Gi)",
+    ]
+    odd = read_manifest(yaml.safe_load((corpus / "14-odd-quantities.yaml").read_text())).replica("worker")
+    assert dict(odd.requests) == {"cpu": "500m", "memory": str(3 * 2**29)}
+    assert dict(odd.limits) == {"cpu": "2", "memory": "10000000000"}
+
+    nightly = read_manifest(yaml.safe_load((corpus / "15-deadline-backoff.yaml").read_text()))
+    assert (nightly.deadline, nightly.backoff_limit, nightly.success_policy) == (86400, 3, "AllWorkers")
+    compiler.Compiler().compile(tfjob_pipeline(nightly, IMAGE), str(tmp_path / "job.yaml"))
+    spec, platform = yaml.safe_load_all((tmp_path / "job.yaml").read_text())
+    executor = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-run-command"]
+    assert int(executor["activeDeadlineSeconds"]) == 86400
+    assert spec["root"]["inputDefinitions"]["parameters"]["max_restarts"]["defaultValue"] == 3
+
+
+def test_restart_policies_are_per_replica_and_never_stops_a_mirrored_jobs_restarts_only(tmp_path):
+    from kfp import compiler
+
+    from pipelines.jobs import tfjob_pipeline
+
+    def max_restarts(manifest):
+        compiler.Compiler().compile(tfjob_pipeline(read_manifest(manifest), IMAGE), str(tmp_path / "job.yaml"))
+        spec = next(yaml.safe_load_all((tmp_path / "job.yaml").read_text()))
+        return spec["root"]["inputDefinitions"]["parameters"]["max_restarts"]["defaultValue"]
+
+    servers = _parameter_servers()
+    servers["spec"]["tfReplicaSpecs"]["PS"]["restartPolicy"] = "Never"
+    assert max_restarts(servers) == 2, "a PS job's tasks restart alone, each by its own policy"
+    mirrored = _chief_and_workers()
+    mirrored["spec"]["tfReplicaSpecs"]["Chief"]["restartPolicy"] = "Never"
+    assert max_restarts(mirrored) == 0, "a MultiWorkerMirrored job fails together: the operator failed it at once"
+
+
+def test_a_finished_peer_is_finished_not_lost_and_a_restart_does_not_wait_for_it():
+    from trainer.cluster.control import PEER_POLL_SECONDS, Control
+    from trainer.cluster.local import free_ports
+    from trainer.core.errors import PeerFinishedError
+
+    ports = free_ports(3)
+    own = Control(ports[0], [f"localhost:{ports[1]}", f"localhost:{ports[2]}"])
+    done, running = Control(ports[1], []), Control(ports[2], [])
+    try:
+        done.set(0, "done")
+        running.set(0, "formed")
+        assert own.lost_peer(0) is None
+        done.close(linger=PEER_POLL_SECONDS / 10)
+        assert own.lost_peer(0) is None, "its supervisor ended after it finished: not a lost pod"
+        running.close()
+        assert own.lost_peer(0) == f"localhost:{ports[2]}"
+        with pytest.raises(PeerFinishedError, match=rf"the peers at localhost:{ports[1]} finished successfully"):
+            own.barrier(1, deadline=float("inf"))
+    finally:
+        own.close()
+
+
+def test_quantities_are_read_as_kubernetes_reads_them():
+    from trainer.k8s import quantity
+
+    assert [quantity.cpu(v, "cpu") for v in ("2", 4, 0.5, "250m", "1.5", "1e0", ".1")] == [
+        "2",
+        "4",
+        "500m",
+        "250m",
+        "1500m",
+        "1",
+        "100m",
+    ]
+    assert [quantity.memory(v, "memory") for v in ("4Gi", "512M", "1.5Gi", "1e9", "128974848", "129e6", "1k")] == [
+        "4Gi",
+        "512M",
+        "1610612736",
+        "1000000000",
+        "128974848",
+        "129000000",
+        "1000",
+    ]
+    for bad in ("4GB", "-1", "1.5.0", "", "two", True, "1K", "1e3m"):
+        with pytest.raises(UsageError, match=r"^memory .* is not allowed; allowed: a Kubernetes quantity"):
+            quantity.memory(bad, "memory")
