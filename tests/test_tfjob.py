@@ -395,7 +395,7 @@ def test_one_task_in_all_gets_no_tf_config_as_the_operator_gave_none():
 
 
 def test_the_evaluator_is_in_the_cluster_of_tf_config_and_has_no_control_address(tmp_path):
-    """genClusterSpec puts every replica type in the cluster, the Evaluator too; it never restarts with the others."""
+    """The operator's genClusterSpec puts every replica type in the cluster, the Evaluator too; it never restarts."""
     from trainer.command.run import create_job_cluster
 
     record = create_job_cluster(str(tmp_path), "run-1", True, 2, "local", 2222, evaluator=True)
