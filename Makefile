@@ -8,6 +8,13 @@ FASHION_DIR := /usr/share/datasets/fashion-mnist
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' trainer/__init__.py)
 TAG ?= kfp-tf-multiworker:$(VERSION)
 EXAMPLE_TAG ?= kfp-tf-diagnosis-example:$(VERSION)
+TFJOB_TAG ?= kfp-tf-tfjob-example:$(VERSION)
+# The plain TensorFlow image pipelines/tfjob_example/Dockerfile builds on: empty for the local stand-in (Python and
+# `pip install tensorflow==2.21.0`, .ci/containers/tensorflow/Dockerfile); TF_BASE=tensorflow/tensorflow:2.21.0 after
+# a `docker pull` of it.
+TF_BASE ?=
+TF_STAND_IN := kfp-tf-ci/tensorflow-stand-in:2.21.0
+TFJOB_CONTEXT := $(OUT)/tfjob-example-image
 
 .PHONY: run run-trainer test test-fast e2e compile fashion bench image clean
 
@@ -64,11 +71,21 @@ bench: $(STAMP) $(FASHION_DIR)
 
 ## The image, then the whole pipeline in containers of it in Kubernetes mode (root, or a running Docker Engine). The
 ## CI tooling in .ci/containers builds it where `make image` cannot run as it is: it starts a Docker Engine as root
-## when none answers and builds on a local stand-in base when Docker Hub is out of reach.
+## when none answers and builds on a local stand-in base when Docker Hub is out of reach. Besides the tabular example's
+## image (FROM ours) it builds the worked TFJob example's image the way a user without our image would: a plain
+## TensorFlow image, this project's wheel with its `task` extra and train.py (pipelines/tfjob_example/Dockerfile).
 e2e: $(STAMP)
 	$(PYTHON) .ci/containers/build.py build --tag $(TAG)
 	$(PYTHON) .ci/containers/build.py build --tag $(EXAMPLE_TAG) --dockerfile pipelines/tabular_example/Dockerfile --base $(TAG)
-	KFP_TF_IMAGE=$(TAG) KFP_TF_EXAMPLE_IMAGE=$(EXAMPLE_TAG) $(PY) -m pytest -m "image or e2e" tests/test_image.py tests/test_e2e.py
+	$(if $(TF_BASE),,$(PYTHON) .ci/containers/build.py build --tag $(TF_STAND_IN) --dockerfile .ci/containers/tensorflow/Dockerfile)
+	rm -rf $(TFJOB_CONTEXT) && mkdir -p $(TFJOB_CONTEXT)
+	cp pipelines/tfjob_example/Dockerfile pipelines/tfjob_example/train.py $(TFJOB_CONTEXT)/
+	mkdir $(TFJOB_CONTEXT)/src && cp -r pyproject.toml setup.cfg README.md trainer components pipelines $(TFJOB_CONTEXT)/src/
+	$(PY) -m pip wheel --quiet --no-deps --wheel-dir $(TFJOB_CONTEXT) $(TFJOB_CONTEXT)/src && rm -rf $(TFJOB_CONTEXT)/src
+	$(PYTHON) .ci/containers/build.py build --tag $(TFJOB_TAG) --dockerfile $(TFJOB_CONTEXT)/Dockerfile \
+		--base $(or $(TF_BASE),$(TF_STAND_IN))
+	KFP_TF_IMAGE=$(TAG) KFP_TF_EXAMPLE_IMAGE=$(EXAMPLE_TAG) KFP_TF_TFJOB_IMAGE=$(TFJOB_TAG) \
+		$(PY) -m pytest -m "image or e2e" tests/test_image.py tests/test_e2e.py
 
 ## The one image: `docker build` of the Dockerfile with BuildKit; TAG=... names it, BASE=... the Python image to build on.
 image:

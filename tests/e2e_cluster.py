@@ -10,10 +10,13 @@
   its pod name and /etc/hosts maps it to the container's IP, as in a pod.
 - `Kubelet(...)`: what the kubelet reports when a container ends: its pod's phase becomes Failed (or Succeeded), so
   the pod leaves its Service's endpoints, as a lost pod does.
+- `apply_secrets_as_env(...)`: what KFP's driver and the kubelet do with a task's `secretAsEnv` (kfp.local ignores the
+  platform spec): each Secret key read from the API stand-in over HTTPS becomes that task's environment variable.
 """
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import os
 import tempfile
@@ -150,3 +153,58 @@ class Kubelet:
     def stop(self) -> None:
         """Stops watching."""
         self._events.close()
+
+
+def apply_secrets_as_env(pipeline: Any, cluster: StandInCluster, namespace: str = NAMESPACE) -> dict[str, list[str]]:
+    """Gives each task of `pipeline` the environment its compiled `secretAsEnv` asks for, as a cluster would.
+
+    KFP's driver (backend/src/v2/driver/k8s.go) turns every `secretAsEnv` entry of a task's Kubernetes executor config
+    into `env[].valueFrom.secretKeyRef` of the task's container (the name from `secretNameParameter`, else
+    `secretName`), and the kubelet reads the Secret from the API when it starts the container. kfp.local ignores the
+    platform spec, so this does both before the run: it reads each Secret from the stand-in API with the Kubernetes
+    client (HTTPS, in-cluster configuration) and adds its keys as plain `env` of that executor's container in the
+    in-memory pipeline spec, which kfp.local's DockerRunner passes to the container. Nothing is written to disk.
+
+    Args:
+        pipeline: a compiled pipeline (its `pipeline_spec` is changed in place).
+        cluster: the stand-in cluster holding the Secrets.
+        namespace: the run's namespace.
+
+    Returns:
+        The environment variable names given, by executor label.
+
+    Raises:
+        LookupError: a Secret or key that is not optional is missing (a pod would not start:
+            CreateContainerConfigError).
+        ValueError: a secret name that is a pipeline parameter (the driver resolves it at run time; not done here).
+    """
+    from google.protobuf import json_format
+    from kubernetes import client as k8s
+    from kubernetes.client.exceptions import ApiException
+
+    api = k8s.CoreV1Api(k8s.ApiClient(cluster.files.configuration(cluster.https.port)))
+    platform = json_format.MessageToDict(pipeline.platform_spec)
+    executors = platform.get("platforms", {}).get("kubernetes", {}).get("deploymentSpec", {}).get("executors", {})
+    given: dict[str, list[str]] = {}
+    for label, config in executors.items():
+        for entry in config.get("secretAsEnv", []):
+            runtime = entry.get("secretNameParameter", {}).get("runtimeValue")
+            if "secretNameParameter" in entry and runtime is None:
+                raise ValueError(f"{label}: a secret name from a pipeline parameter is not resolved here")
+            name = runtime["constant"] if runtime else entry["secretName"]
+            try:
+                data = api.read_namespaced_secret(name, namespace).data or {}
+            except ApiException as err:
+                if err.status == 404 and entry.get("optional"):
+                    continue
+                raise LookupError(f"{label}: Secret {namespace}/{name}: {err.status} {err.reason}") from None
+            container = pipeline.pipeline_spec.deployment_spec["executors"][label]["container"]
+            for pair in entry.get("keyToEnv", []):
+                if pair["secretKey"] not in data:
+                    if entry.get("optional"):
+                        continue
+                    raise LookupError(f"{label}: Secret {namespace}/{name} has no key {pair['secretKey']!r}")
+                value = base64.b64decode(data[pair["secretKey"]]).decode()
+                container.get_or_create_list("env").add_struct().update({"name": pair["envVar"], "value": value})
+                given.setdefault(label, []).append(pair["envVar"])
+    return given

@@ -34,7 +34,15 @@ def _pins(lines):
     )
 
 
-@pytest.mark.parametrize("dockerfile", ["Dockerfile", "pipelines/tabular_example/Dockerfile"])
+@pytest.mark.parametrize(
+    "dockerfile",
+    [
+        "Dockerfile",
+        "pipelines/tabular_example/Dockerfile",
+        "pipelines/tfjob_example/Dockerfile",
+        ".ci/containers/tensorflow/Dockerfile",
+    ],
+)
 def test_hadolint_reports_nothing_at_warning_or_above(dockerfile):
     hadolint = Path(sys.executable).parent / "hadolint"
     result = subprocess.run(

@@ -329,3 +329,120 @@ def test_the_tabular_example_in_module_mode_trains_in_its_own_image_gated_on_auc
         client.images.remove(example, force=True)
     with capfd.disabled():
         print(f"\ne2e module mode, tabular example: test AUC {auc:.4f} on 2 workers (gate auc>=0.98)")
+
+
+TFJOB_IMAGE = os.environ.get("KFP_TF_TFJOB_IMAGE", f"kfp-tf-tfjob-example:{trainer.__version__}")
+# A TFJob whose replica image is pipelines/tfjob_example/Dockerfile: a plain TensorFlow image plus
+# `pip install kfp-tf-multiworker[task]` and train.py. Its command records a digest of a Secret's value (never the
+# value) and then runs train.py; the data and the checkpoints are in the pipeline root, which every container mounts
+# (as a claim would be).
+SECRET_TFJOB = """
+apiVersion: kubeflow.org/v1
+kind: TFJob
+metadata:
+  name: secret-env
+spec:
+  tfReplicaSpecs:
+    Worker:
+      replicas: 1
+      restartPolicy: Never
+      template:
+        spec:
+          containers:
+            - name: tensorflow
+              image: {image}
+              command:
+                - python
+                - -c
+                - |
+                  import hashlib, os, runpy, sys
+                  digest = hashlib.sha256(os.environ["API_TOKEN"].encode()).hexdigest()
+                  print(f"API_TOKEN sha256 {{digest}}, DATA_SOURCE {{os.environ['DATA_SOURCE']}}", flush=True)
+                  sys.argv[0] = "/app/train.py"
+                  runpy.run_path("/app/train.py", run_name="__main__")
+              args:
+                - --data_dir={data}
+                - --saved_model_dir=$(MODEL_DIR)/saved_model
+                - --checkpoint_dir=$(CHECKPOINT_DIR)
+                - --metrics_file=$(MODEL_DIR)/metrics.json
+                - --epochs=1
+              env:
+                - name: DATA_SOURCE
+                  value: mnist-sample
+                - name: API_TOKEN
+                  valueFrom:
+                    secretKeyRef:
+                      name: e2e-api
+                      key: token
+              resources:
+                limits:
+                  cpu: "1"
+                  memory: 2Gi
+"""
+
+
+def test_a_tfjob_runs_in_a_plain_tensorflow_image_with_the_package_installed_and_gets_its_secret_as_env(cluster, capfd):
+    """A converted TFJob's task in an image FROM a plain TensorFlow base with `pip install kfp-tf-multiworker[task]`
+    (pipelines/tfjob_example/Dockerfile): KFP's executor starts in it, the task joins by Service name in Kubernetes
+    mode, and its command gets the replica's `secretKeyRef` env from a Secret in the API stand-in (read over HTTPS as
+    the kubelet would, for the task whose compiled `secretAsEnv` names it)."""
+    import ast
+    import base64
+    import hashlib
+    import secrets
+    import shutil
+
+    import docker
+    import yaml
+    from kfp import local
+    from kubernetes import client as k8s_client
+
+    from pipelines.jobs import tfjob_pipeline
+    from trainer.command.tfjob import read_manifest
+
+    client, network, stand_in, image = cluster
+    try:
+        client.images.get(TFJOB_IMAGE)
+    except docker.errors.ImageNotFound:
+        pytest.fail(f"the engine has no image {TFJOB_IMAGE}: `make e2e` builds it")
+    probe = client.containers.run(
+        TFJOB_IMAGE,
+        ["python", "-c", "import importlib.metadata as m; print([d.metadata['Name'] for d in m.distributions()])"],
+        remove=True,
+        network_mode="none",
+    ).decode()
+    installed = {name.lower() for name in ast.literal_eval(probe)}
+    assert "tensorflow" in installed and "tensorflow-cpu" not in installed, "a plain TensorFlow base, not ours"
+    token = secrets.token_hex(16)
+    api = k8s_client.CoreV1Api(k8s_client.ApiClient(stand_in.files.configuration(stand_in.https.port)))
+    api.create_namespaced_secret(
+        e2e_cluster.NAMESPACE,
+        {"metadata": {"name": "e2e-api"}, "data": {"token": base64.b64encode(token.encode()).decode()}},
+    )
+    pod_image = e2e_cluster.pod_image(client, TFJOB_IMAGE, stand_in)
+    try:
+        root = e2e_cluster.pipeline_root()
+        shutil.copytree(Path(__file__).parents[1] / "data" / "mnist-sample", root / "data")
+        job = read_manifest(yaml.safe_load(SECRET_TFJOB.format(image=pod_image, data=root / "data")))
+        pipeline = tfjob_pipeline(job, image)
+        stand_in.api.calls.clear()
+        given = e2e_cluster.apply_secrets_as_env(pipeline, stand_in)
+        assert given == {"exec-run-command": ["API_TOKEN"]}, "only the replica's task gets the Secret"
+        assert [(c.verb, c.resource, c.name) for c in stand_in.api.calls] == [("get", "secrets", "e2e-api")]
+        local.init(runner=e2e_cluster.docker_runner(network, stand_in), pipeline_root=str(root), raise_on_error=False)
+        result = pipeline(cluster_mode="kubernetes")
+        logs = capfd.readouterr().out
+        digest = hashlib.sha256(token.encode()).hexdigest()
+        assert f"API_TOKEN sha256 {digest}, DATA_SOURCE mnist-sample" in logs, logs[-4000:]
+        assert token not in logs
+        config = json.loads(re.search(r"worker 0 runs .*? with TF_CONFIG (\{.*\})$", logs, re.M).group(1))
+        assert re.fullmatch(r"tfw-r[0-9a-f]{10}-0\.kubeflow-user-e2e\.svc:2222", config["cluster"]["worker"][0])
+        assert re.search(r"test accuracy 0\.\d+", logs), logs[-4000:]
+        model = Path(result.output.path)
+        assert (model / "saved_model" / "saved_model.pb").is_file(), logs[-4000:]
+        assert stand_in.api.items("services") == {}, "the task deleted its own Service"
+    finally:
+        client.images.remove(pod_image, force=True)
+        api.delete_namespaced_secret("e2e-api", e2e_cluster.NAMESPACE)
+    with capfd.disabled():
+        print("\ne2e TFJob in a plain TensorFlow image: the task ran, the Secret reached its command")
