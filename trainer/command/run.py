@@ -270,7 +270,6 @@ def command_task(
         if kubernetes
         else None
     )
-    addresses = [t.address for t in training]
     supervisor = Supervisor(
         [sys.executable, "-m", "trainer.command.exec", *argv],
         dict(environment, **({WORKDIR_ENV: working_dir} if working_dir else {})),
@@ -279,7 +278,7 @@ def command_task(
         max_restarts,
         control,
         retryable=retryable,
-        formed=(lambda: True) if evaluator else lambda: not unreachable(addresses),
+        formed=(lambda: True) if evaluator else lambda: not unreachable(training),
         blame_peers=True,
         over=over,
     )
