@@ -191,3 +191,37 @@ def test_pod_name_and_namespace_come_from_the_downward_api_or_the_pod_itself(mon
     (tmp_path / "namespace").write_text("team-b\n")
     monkeypatch.setattr(k8s, "NAMESPACE_FILE", str(tmp_path / "namespace"))
     assert k8s.namespace() == "team-b"
+
+
+# /proc/self/mountinfo of a KFP task's pod: the container's overlay root, the kubelet's files, a claim at /models.
+POD_MOUNTINFO = """\
+1200 1100 0:310 / / rw,relatime master:400 - overlay overlay rw,lowerdir=/var/lib/containerd/l1,upperdir=/u,workdir=/w
+1201 1200 0:312 / /proc rw,nosuid,nodev,noexec,relatime - proc proc rw
+1210 1200 253:1 /var/lib/kubelet/pods/p/etc-hosts /etc/hosts rw,relatime - ext4 /dev/vda1 rw
+1211 1200 0:300 / /var/run/secrets/kubernetes.io/serviceaccount ro,relatime - tmpfs tmpfs rw,size=4Gi
+1212 1200 0:64 / /models rw,relatime - nfs4 fs.example.com:/exports/team rw
+1213 1200 0:65 / /gcs\\040fuse rw,relatime - fuse gcsfuse rw
+"""
+
+
+def test_a_path_on_a_pods_own_disk_is_told_from_one_on_a_volume():
+    from trainer.k8s.volumes import mount_point, on_own_disk
+
+    assert on_own_disk("/tmp/published", POD_MOUNTINFO)
+    assert on_own_disk("/modelsx/v1", POD_MOUNTINFO)
+    assert not on_own_disk("/models/mnist", POD_MOUNTINFO)
+    assert mount_point("/gcs fuse/a", POD_MOUNTINFO) == "/gcs fuse"
+    assert mount_point("/etc/hosts", POD_MOUNTINFO) == "/etc/hosts"
+
+
+def test_publishing_from_a_pod_to_its_own_disk_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    from trainer import steps
+    from trainer.k8s import volumes
+
+    monkeypatch.setenv("POD_NAMESPACE", "team")
+    monkeypatch.setattr(volumes, "MOUNTINFO", str(tmp_path / "mountinfo"))
+    (tmp_path / "mountinfo").write_text(POD_MOUNTINFO)
+    target = tmp_path / "published"
+    with pytest.raises(UsageError, match=rf"^publish_uri '{target}' is on this pod's own disk \(no volume"):
+        steps.publish_model(str(tmp_path / "model"), {"accuracy": 0.9}, str(target))
+    assert not target.exists()

@@ -241,6 +241,7 @@ def publish_model(
     from trainer.config.contract import StorageConfig
     from trainer.evaluation.gate import Gate
     from trainer.k8s import objects as k8s
+    from trainer.k8s.volumes import on_own_disk
     from trainer.modeling.export import SAVED_MODEL_DIR
     from trainer.storage import kfp as kfpstore
     from trainer.storage.publish import check_target, publish
@@ -251,6 +252,12 @@ def publish_model(
     uri = kfpstore.expand(target.publish_uri, namespace)
     store = kfpstore.store(StorageConfig(storage=storage, s3_endpoint=s3_endpoint), namespace)
     check_target(uri, store.endpoint)
+    if namespace is not None and "://" not in uri and on_own_disk(uri):
+        raise UsageError(
+            f"publish_uri {uri!r} is on this pod's own disk (no volume is mounted there), so the published model "
+            "would be gone with the pod; allowed: s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, or a path on a volume "
+            "mounted into the publish step"
+        )
     from trainer.command.record import JobRecord
 
     # A command-mode chief writes job.json instead of history.json; without either, History.read says what is missing.
