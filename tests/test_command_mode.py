@@ -1,6 +1,7 @@
-"""A TFJob-era script through its converted pipeline (kfp.local, 2 workers): a worker killed in epoch 2 restarts in
-place with its peer, the run finishes and the chief's model is published."""
+"""A TFJob-era script run here as its pipeline's tasks (`pipelines/tfjob.py --local`, 2 workers at once): a worker
+killed in epoch 2 restarts in place with its peer, the run finishes and the chief's model is published."""
 
+import os
 import re
 import signal
 import sys
@@ -99,7 +100,7 @@ def test_sigterm_stops_a_command_promptly_with_143_and_leaves_no_process(tmp_pat
     )  # fmt: skip
     try:
         task.wait_for(r"Epoch 2/1000", 300)
-        pid = _training_process(0)
+        pid = _command_process(tmp_path / "model")
         assert pid, "\n".join(task.lines[-30:])
         task.proc.send_signal(signal.SIGTERM)
         code = task.finish(60)
@@ -108,6 +109,22 @@ def test_sigterm_stops_a_command_promptly_with_143_and_leaves_no_process(tmp_pat
     assert code == 143, "\n".join(task.lines[-30:])
     assert _gone(pid), "the command did not outlive its supervisor"
     assert "restart" not in "\n".join(task.lines), "a cancelled task is not restarted"
+
+
+def _command_process(model_dir: Path) -> int | None:
+    """The pid of the example's train.py whose MODEL_DIR is `model_dir` (a lone task has no TF_CONFIG), if one runs."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (
+            any(part.endswith(b"tfjob_example/train.py") for part in argv)
+            and f"MODEL_DIR={model_dir}".encode() in environ
+        ):
+            return int(pid)
+    return None
 
 
 def _gone(pid: int) -> bool:

@@ -1,0 +1,201 @@
+"""`pipelines/tfjob.py --local`: every task of a TFJob at once as local processes (`trainer.command.local`).
+
+A Chief + Worker MultiWorkerMirrored job trains with both tasks in sync; a Chief + PS + Worker job runs all three
+together and publishes; a failed chief stops the others and names itself; SIGTERM stops every task; a job larger than
+this machine is refused before anything starts.
+"""
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, SAMPLE_DIR, run_module
+from tests.test_faults import Streamed, _env
+from trainer.command import local
+from trainer.command.record import JobRecord
+from trainer.command.tfjob import read_manifest
+from trainer.config.contract import MAX_WORKERS as MAX_TASKS
+from trainer.core.cpus import CpuBudget
+from trainer.core.errors import TaskFailedError, UsageError
+from trainer.storage.publish import latest
+
+TRAIN = ROOT / "pipelines" / "tfjob_example" / "train.py"
+PS_SCRIPT = ROOT / "tests" / "user_code" / "ps_train.py"
+
+
+def _replica(command, args=(), count=1, env=None, policy="Never"):
+    container = {"name": "tensorflow", "image": "local", "command": list(command), "args": list(args)}
+    if env:
+        container["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    return {"replicas": count, "restartPolicy": policy, "template": {"spec": {"containers": [container]}}}
+
+
+def _manifest(name, replicas):
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "TFJob",
+        "metadata": {"name": name},
+        "spec": {"tfReplicaSpecs": replicas},
+    }
+
+
+def _ps_manifest(chief_env=None, workers=1, python="python"):
+    command = [python, str(PS_SCRIPT)]
+    return _manifest(
+        "ps-job",
+        {
+            "Chief": _replica(command, env=chief_env),
+            "PS": _replica(command),
+            "Worker": _replica(command, count=workers),
+        },
+    )
+
+
+def _script_processes(script, under):
+    """The pids of `script`'s processes still running whose MODEL_DIR is under `under`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            running = str(script).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+            if running and f"MODEL_DIR={under}".encode() in Path(f"/proc/{pid}/environ").read_bytes():
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def test_the_tasks_are_the_jobs_replicas_in_order_and_the_chief_is_chief_0_else_worker_0():
+    command = [sys.executable, "x.py"]
+    job = read_manifest(_ps_manifest(workers=2))
+    tasks = local.job_tasks(job)
+    assert [t.name for t in tasks] == ["chief 0", "ps 0", "worker 0", "worker 1"]
+    assert local.chief_of(tasks).name == "chief 0"
+    workers = local.job_tasks(read_manifest(_manifest("w", {"Worker": _replica(command, count=2)})))
+    assert local.chief_of(workers).name == "worker 0"
+    assert [t.directory for t in workers] == ["worker-0", "worker-1"]
+
+
+def test_the_first_failure_fails_the_run_and_an_evaluator_never_does():
+    replica = read_manifest(_manifest("w", {"Worker": _replica(["python", "x.py"])})).replicas[0]
+    chief, worker, evaluator = (local.Task(t, 0, replica) for t in ("chief", "worker", "evaluator"))
+    assert local.first_failure([(chief, 0), (worker, 0), (evaluator, 1)]) is None
+    assert local.first_failure([(evaluator, 1), (worker, 138), (chief, 143)]) == (worker, 138)
+    assert local.first_failure([(chief, 0), (worker, 0)]) is None
+
+
+def test_three_tasks_fit_two_cpus_and_24_gib_and_the_bound_is_the_fewer_of_cpu_and_memory():
+    two = CpuBudget(2.0, "affinity: CPUs 0-1")
+    bound, why = local.capacity(two, 24 * 1024)
+    assert bound == 4, why
+    assert "2 per CPU of 2 CPUs" in why and "1024 MiB" in why
+    local.check_tasks(3, two, 24 * 1024)
+    assert local.capacity(CpuBudget(16.0, "cores"), 4 * 1024)[0] == 4, "memory bounds a big machine with little free"
+    assert local.capacity(CpuBudget(0.5, "cgroup"), 24 * 1024)[0] == 1
+    with pytest.raises(UsageError, match=r"the job has 5 tasks .* allowed here: 1 to 4 \(2 per CPU"):
+        local.check_tasks(5, two, 24 * 1024)
+
+
+def test_a_job_larger_than_this_machine_is_refused_before_anything_starts(tmp_path):
+    bound, _ = local.capacity()
+    if bound + 1 > MAX_TASKS:
+        pytest.skip(f"this machine runs {bound} tasks at once; a manifest holds at most {MAX_TASKS}")
+    manifest = tmp_path / "big.yaml"
+    manifest.write_text(yaml.safe_dump(_ps_manifest(workers=bound - 1)))
+    out = tmp_path / "out"
+    result = run_module("pipelines.tfjob", str(manifest), "--local", "--output-dir", str(out), timeout=120)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2, result.stderr
+    assert len(errors) == 1 and f"the job has {bound + 1} tasks" in errors[0] and "allowed here: 1 to" in errors[0], (
+        errors
+    )
+    assert not out.exists(), "nothing was written or started"
+
+
+def test_a_bad_setting_is_refused_before_anything_starts(tmp_path):
+    job = read_manifest(_manifest("w", {"Worker": _replica([sys.executable, "x.py"])}))
+    with pytest.raises(UsageError, match="startup"):
+        local.run_job(job, str(tmp_path / "run"), startup_timeout=0)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_chief_and_a_worker_train_together_and_the_chiefs_model_is_kept(tmp_path, capsys):
+    args = [
+        f"--data_dir={SAMPLE_DIR}", "--saved_model_dir=$(MODEL_DIR)/saved_model",
+        "--checkpoint_dir=$(CHECKPOINT_DIR)/backup", "--metrics_file=$(MODEL_DIR)/metrics.json", "--epochs=2",
+    ]  # fmt: skip
+    replica = _replica([sys.executable, str(TRAIN)], args)
+    job = read_manifest(_manifest("mirrored", {"Chief": replica, "Worker": replica}))
+    run = local.run_job(job, str(tmp_path / "run"), checkpoint_dir=str(tmp_path / "checkpoints"))
+    output = capsys.readouterr().out
+    assert run.codes == {"chief 0": 0, "worker 0": 0}, output[-3000:]
+    for name in ("chief 0", "worker 0"):
+        assert f"[{name}] TF_CONFIG task: " in output and "replicas in sync: 2" in output, output[-3000:]
+    assert run.model == str(tmp_path / "run" / "tasks" / "chief-0" / "model")
+    assert (Path(run.model) / "saved_model" / "saved_model.pb").is_file()
+    assert JobRecord.read(run.model).task == "chief:0"
+    assert JobRecord.read(run.model).metrics["accuracy"] > 0.5
+    worker_log = (tmp_path / "run" / "tasks" / "worker-0" / local.LOG_FILE).read_text()
+    assert "'type': 'worker', 'index': 0}, replicas in sync: 2" in worker_log
+    assert (
+        json.loads((tmp_path / "run" / "tasks" / "worker-0" / "model" / "worker.json").read_text())["task"]
+        == "worker:0"
+    )
+
+
+@pytest.mark.slow
+def test_a_parameter_server_job_runs_its_three_tasks_at_once_and_publishes(tmp_path):
+    manifest = tmp_path / "ps.yaml"
+    manifest.write_text(yaml.safe_dump(_ps_manifest()))
+    published = tmp_path / "published"
+    result = run_module(
+        "pipelines.tfjob", str(manifest), "--local", "--output-dir", str(tmp_path / "out"),
+        "--publish-uri", str(published), timeout=400,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "[chief 0] chief: trained, loss" in output
+    for name in ("ps 0", "worker 0"):
+        assert f"[{name}] " in output and f"{name}: the chief finished successfully" in output, output[-4000:]
+    version = latest(str(published))
+    assert version is not None and version.lineage["task"] == "chief:0"
+    assert f"published: version {version.version} at {version.path}" in result.stdout
+    model = next(line for line in result.stdout.splitlines() if line.startswith("model: "))[len("model: ") :]
+    assert (Path(model) / "saved_model" / "saved_model.pb").is_file()
+    assert _script_processes(PS_SCRIPT, tmp_path) == []
+
+
+@pytest.mark.slow
+def test_a_failed_chief_fails_the_run_naming_it_and_stops_the_others(tmp_path):
+    job = read_manifest(_ps_manifest(chief_env={"FAIL_AT_START": "1"}, python=sys.executable))
+    with pytest.raises(TaskFailedError) as failed:
+        local.run_job(job, str(tmp_path / "run"), chief_timeout=60.0)
+    assert failed.value.code == 1
+    assert failed.value.reason.startswith("chief 0 failed with exit code 1"), failed.value.reason
+    assert _script_processes(PS_SCRIPT, tmp_path) == []
+
+
+@pytest.mark.slow
+def test_sigterm_stops_every_task_with_143_and_leaves_no_process(tmp_path):
+    manifest = tmp_path / "ps.yaml"
+    manifest.write_text(yaml.safe_dump(_ps_manifest(chief_env={"EPOCHS": "1000"})))
+    run = Streamed(
+        [sys.executable, "-m", "pipelines.tfjob", str(manifest), "--local", "--output-dir", str(tmp_path / "out")],
+        _env(),
+    )
+    try:
+        run.wait_for(r"\[chief 0\] Epoch 2/1000", 300)
+        assert len(_script_processes(PS_SCRIPT, tmp_path)) == 3, "\n".join(run.lines[-30:])
+        run.proc.send_signal(signal.SIGTERM)
+        code = run.finish(60)
+    finally:
+        run.kill()
+    errors = [line for line in run.lines if line.startswith("error:")]
+    assert code == 143, "\n".join(run.lines[-30:])
+    assert errors == ["error: stopped by signal 15 (SIGTERM): every task stopped"], errors
+    assert _script_processes(PS_SCRIPT, tmp_path) == []
