@@ -394,13 +394,14 @@ def test_one_task_in_all_gets_no_tf_config_as_the_operator_gave_none():
     }
 
 
-def test_the_evaluator_is_in_the_cluster_of_tf_config_and_has_no_control_address(tmp_path):
+def test_the_evaluator_is_in_the_cluster_of_tf_config_and_not_a_peer_of_the_control_channel(tmp_path):
     """The operator's genClusterSpec puts every replica type in the cluster, the Evaluator too; it never restarts."""
+    from trainer.cluster.record import ClusterRecord
     from trainer.command.run import create_job_cluster
 
     record = create_job_cluster(str(tmp_path), "run-1", True, 2, "local", 2222, evaluator=True)
     assert [len(record.cluster[k]) for k in ("chief", "worker", "evaluator")] == [1, 2, 1]
-    assert "evaluator" not in record.control and len(record.control["worker"]) == 2
+    assert ClusterRecord.read(str(tmp_path)) == record
     assert tfjob.tf_config(record.cluster, "evaluator", 0) == {
         "cluster": record.cluster,
         "task": {"type": "evaluator", "index": 0},

@@ -54,8 +54,8 @@ def create_job_cluster(
 ) -> ClusterRecord:
     """Gives every task of a job an address and a control address and writes cluster.json (as `create_cluster`).
 
-    The Evaluator is in the cluster of TF_CONFIG, as the operator put it there (`genClusterSpec`), and has no control
-    address: it never restarts with the training tasks.
+    The Evaluator is in the cluster of TF_CONFIG, as the operator put it there (`genClusterSpec`); its control
+    address is never served or asked (it never restarts with the training tasks).
     """
     from trainer.cluster.local import free_ports
     from trainer.k8s import objects as k8s
@@ -77,7 +77,7 @@ def create_job_cluster(
     if chief and not num_workers and not num_ps:
         cluster, spec = {"chief": cluster["chief"]}, {"chief": spec["chief"]}
     if evaluator:
-        cluster["evaluator"] = addresses[training:]
+        cluster["evaluator"], spec["evaluator"] = addresses[training:], control[training:]
     record = ClusterRecord(cluster, spec, cluster_mode)
     record.write(output_dir)
     return record
@@ -257,7 +257,8 @@ def command_task(
         )
     servers = "ps" in record.cluster
     together = distributed and record.control and max_restarts and not servers and not evaluator
-    control = Control.of_task(record.control, tf_config) if together else None
+    training_control = {job: a for job, a in record.control.items() if job != "evaluator"}
+    control = Control.of_task(training_control, tf_config) if together else None
     chief = cluster_lib.is_chief(tf_config) and not evaluator
     store = open_status(status_uri(cluster_mode, run_id), run_id) if distributed else None
     # Its clocks start at its first read, once this task has joined the cluster.
