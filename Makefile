@@ -14,6 +14,8 @@ TFJOB_TAG ?= kfp-tf-tfjob-example:$(VERSION)
 # a `docker pull` of it.
 TF_BASE ?=
 TF_STAND_IN := kfp-tf-ci/tensorflow-stand-in:2.21.0
+# Its build context: the Dockerfile, train.py and this project's wheel, built from a copy of the sources (setuptools
+# leaves build/ in the tree it builds) with fixed timestamps (the same sources give the same wheel: a warm build).
 TFJOB_CONTEXT := $(OUT)/tfjob-example-image
 
 .PHONY: run run-trainer test test-fast e2e compile fashion bench image clean
@@ -81,7 +83,8 @@ e2e: $(STAMP)
 	rm -rf $(TFJOB_CONTEXT) && mkdir -p $(TFJOB_CONTEXT)
 	cp pipelines/tfjob_example/Dockerfile pipelines/tfjob_example/train.py $(TFJOB_CONTEXT)/
 	mkdir $(TFJOB_CONTEXT)/src && cp -r pyproject.toml setup.cfg README.md trainer components pipelines $(TFJOB_CONTEXT)/src/
-	$(PY) -m pip wheel --quiet --no-deps --wheel-dir $(TFJOB_CONTEXT) $(TFJOB_CONTEXT)/src && rm -rf $(TFJOB_CONTEXT)/src
+	SOURCE_DATE_EPOCH=315532800 $(PY) -m pip wheel --quiet --no-deps --wheel-dir $(TFJOB_CONTEXT) $(TFJOB_CONTEXT)/src \
+		&& rm -rf $(TFJOB_CONTEXT)/src
 	$(PYTHON) .ci/containers/build.py build --tag $(TFJOB_TAG) --dockerfile $(TFJOB_CONTEXT)/Dockerfile \
 		--base $(or $(TF_BASE),$(TF_STAND_IN))
 	KFP_TF_IMAGE=$(TAG) KFP_TF_EXAMPLE_IMAGE=$(EXAMPLE_TAG) KFP_TF_TFJOB_IMAGE=$(TFJOB_TAG) \
