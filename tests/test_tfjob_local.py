@@ -199,3 +199,41 @@ def test_sigterm_stops_every_task_with_143_and_leaves_no_process(tmp_path):
     assert code == 143, "\n".join(run.lines[-30:])
     assert errors == ["error: stopped by signal 15 (SIGTERM): every task stopped"], errors
     assert _script_processes(PS_SCRIPT, tmp_path) == []
+
+
+@pytest.mark.slow
+def test_a_one_task_job_of_a_plain_script_runs_past_the_start_up_timeout(tmp_path, capsys):
+    """The operator gave a one-task job no TF_CONFIG (isDistributed); nothing waits for a cluster to form."""
+    script = ROOT / "tests" / "user_code" / "single_task.py"
+    job = read_manifest(_manifest("single", {"Worker": _replica([sys.executable, str(script)], ["8"])}))
+    run = local.run_job(job, str(tmp_path / "run"), startup_timeout=2.0)
+    output = capsys.readouterr().out
+    assert run.codes == {"worker 0": 0}, output[-3000:]
+    assert "no TF_CONFIG (one task in all" in output and "single task: " in output
+    assert (Path(run.model) / "saved_model" / "saved_model.pb").is_file()
+
+
+@pytest.mark.slow
+def test_a_chief_a_worker_and_an_evaluator_with_an_env_chain_finish_and_the_evaluator_ends_with_the_chief(
+    tmp_path, capsys
+):
+    args = [
+        f"--data_dir={SAMPLE_DIR}", "--saved_model_dir=$(MODEL_DIR)/saved_model",
+        "--checkpoint_dir=$(CHECKPOINT_DIR)/backup", "--metrics_file=$(METRICS)", "--epochs=2",
+    ]  # fmt: skip
+    # METRICS sorts before OUT: only the manifest's order expands it.
+    trainer = _replica(
+        [sys.executable, str(TRAIN)], args, env={"OUT": "$(MODEL_DIR)", "METRICS": "$(OUT)/metrics.json"}
+    )
+    evaluator = _replica(
+        [sys.executable, str(ROOT / "tests" / "user_code" / "sidecar_evaluator.py"), "$(CHECKPOINT_DIR)"]
+    )
+    job = read_manifest(_manifest("evaluated", {"Chief": trainer, "Worker": trainer, "Evaluator": evaluator}))
+    run = local.run_job(job, str(tmp_path / "run"), checkpoint_dir=str(tmp_path / "checkpoints"))
+    output = capsys.readouterr().out
+    assert run.codes == {"chief 0": 0, "worker 0": 0, "evaluator 0": 0}, output[-3000:]
+    assert JobRecord.read(run.model).metrics["accuracy"] > 0.5, "the chief wrote $(OUT)/metrics.json, expanded in order"
+    assert "[evaluator 0] evaluator: TF_CONFIG cluster ['chief', 'evaluator', 'worker']" in output
+    assert "[evaluator 0] evaluator: new checkpoint" in output
+    assert "evaluator 0: the chief finished successfully" in output, output[-3000:]
+    assert _script_processes(ROOT / "tests" / "user_code" / "sidecar_evaluator.py", tmp_path) == []
