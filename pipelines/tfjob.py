@@ -1,4 +1,4 @@
-"""From a TFJob manifest to a pipeline: compile it for a cluster, or run it here with kfp.local.
+"""From a TFJob manifest to a pipeline: compile it for a cluster, or run every task of it here as local processes.
 
     python pipelines/tfjob.py tfjob.yaml --compile --image REGISTRY/kfp-tf-multiworker:0.1.0 --output job.yaml
     python pipelines/tfjob.py tfjob.yaml --local --mount /app=. --publish-uri out/published
@@ -25,7 +25,6 @@ from trainer.command.tfjob import JobSpec, read_manifest
 from trainer.core.errors import UsageError
 from trainer.core.files import write_text
 
-LOCAL_IMAGE = "kfp-tf-multiworker:local"
 PYTHON = ("python", "python3")
 
 
@@ -81,7 +80,7 @@ def local_paths(job: JobSpec, mounts: dict[str, str], volumes: str) -> dict[str,
 
 
 def for_this_machine(job: JobSpec, paths: dict[str, str]) -> JobSpec:
-    """The job as kfp.local runs it.
+    """The job as `--local` runs it.
 
     Container paths are rewritten to host paths (`local_paths`), `python` is this interpreter, and no claims remain.
     """

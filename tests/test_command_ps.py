@@ -1,5 +1,5 @@
 """A TFJob with Chief, PS and Worker replicas in command mode: three tasks, each the user's script under its own
-supervisor, as the compiled pipeline runs them (kfp.local cannot: it runs at most 2 loop iterations at once)."""
+supervisor, as the compiled pipeline runs them (`--local` runs them the same way, tests/test_tfjob_local.py)."""
 
 import json
 import os
