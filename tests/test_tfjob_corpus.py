@@ -3,7 +3,8 @@
 Each file says on its first line what must happen to it: `# expect: compiled`, or `# expect: refused FIELD ...`
 naming every field the refusal line must name. Every key of every manifest is accounted for: carried into the
 compiled YAML (found there, in the sections of its own replica's task), warned about, or refused. A refused manifest
-is walked too, with its refused fields taken out: the rest must compile and be accounted for the same way.
+is walked too, with its refused fields taken out: the rest must compile and be accounted for the same way. Every
+hand-off of each compiled pipeline arrives as the type its component declares (as KFP's driver checks it).
 """
 
 import copy
@@ -170,7 +171,10 @@ def _carried(path: str, value, sections: dict) -> bool:
 
 
 def _account(manifest: dict, tmp_path: Path, refused: list[str]) -> None:
+    from tests.test_typeflow import type_flow
+
     job, spec, executors = _compile(manifest, tmp_path)
+    assert [f for f in type_flow(spec) if f[3] != f[4]] == [], "a hand-off arrives as another type than declared"
     warned = [_canonical(_field(line)) for line in job.warnings]
     sections = _sections(spec, executors)
     silent = [
@@ -225,3 +229,34 @@ def test_every_key_of_a_teams_manifest_is_carried_warned_or_refused(path, tmp_pa
         if fields == ["spec.tfReplicaSpecs"]:
             manifest["spec"]["tfReplicaSpecs"]["Worker"]["replicas"] = 2
     _account(manifest, tmp_path, fields if outcome == "refused" else [])
+
+
+def _nodes(node, path=()):
+    yield path
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _nodes(value, (*path, key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _nodes(value, (*path, i))
+
+
+def test_any_value_of_the_wrong_type_anywhere_is_one_refusal_never_a_traceback():
+    """Every node of every corpus manifest replaced in turn by values of other types: a refusal or a job."""
+    wrong = (None, 0, -1, 1.5, True, "x", [], {}, [1], {"a": 1}, [None])
+    tried = 0
+    for path in CORPUS:
+        manifest = yaml.safe_load(path.read_text())
+        for at in [p for p in _nodes(manifest) if p]:
+            for value in wrong:
+                changed = copy.deepcopy(manifest)
+                node = changed
+                for key in at[:-1]:
+                    node = node[key]
+                node[at[-1]] = copy.deepcopy(value)
+                try:
+                    read_manifest(changed)
+                except UsageError as err:
+                    assert "\n" not in str(err)
+                tried += 1
+    assert tried > 5000

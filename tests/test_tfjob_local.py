@@ -1,6 +1,7 @@
 """`pipelines/tfjob.py --local`: every task of a TFJob at once as local processes (`trainer.command.local`).
 
-A Chief + Worker MultiWorkerMirrored job trains with both tasks in sync; a Chief + PS + Worker job runs all three
+A Chief + Worker MultiWorkerMirrored job with an Evaluator trains with both training tasks in sync while the evaluator
+watches, and ends with the chief; a one-task job runs with no TF_CONFIG; a Chief + PS + Worker job runs all three
 together and publishes; a failed chief stops the others and names itself; SIGTERM stops every task; a job larger than
 this machine is refused before anything starts.
 """
@@ -124,31 +125,6 @@ def test_a_bad_setting_is_refused_before_anything_starts(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_chief_and_a_worker_train_together_and_the_chiefs_model_is_kept(tmp_path, capsys):
-    args = [
-        f"--data_dir={SAMPLE_DIR}", "--saved_model_dir=$(MODEL_DIR)/saved_model",
-        "--checkpoint_dir=$(CHECKPOINT_DIR)/backup", "--metrics_file=$(MODEL_DIR)/metrics.json", "--epochs=2",
-    ]  # fmt: skip
-    replica = _replica([sys.executable, str(TRAIN)], args)
-    job = read_manifest(_manifest("mirrored", {"Chief": replica, "Worker": replica}))
-    run = local.run_job(job, str(tmp_path / "run"), checkpoint_dir=str(tmp_path / "checkpoints"))
-    output = capsys.readouterr().out
-    assert run.codes == {"chief 0": 0, "worker 0": 0}, output[-3000:]
-    for name in ("chief 0", "worker 0"):
-        assert f"[{name}] TF_CONFIG task: " in output and "replicas in sync: 2" in output, output[-3000:]
-    assert run.model == str(tmp_path / "run" / "tasks" / "chief-0" / "model")
-    assert (Path(run.model) / "saved_model" / "saved_model.pb").is_file()
-    assert JobRecord.read(run.model).task == "chief:0"
-    assert JobRecord.read(run.model).metrics["accuracy"] > 0.5
-    worker_log = (tmp_path / "run" / "tasks" / "worker-0" / local.LOG_FILE).read_text()
-    assert "'type': 'worker', 'index': 0}, replicas in sync: 2" in worker_log
-    assert (
-        json.loads((tmp_path / "run" / "tasks" / "worker-0" / "model" / "worker.json").read_text())["task"]
-        == "worker:0"
-    )
-
-
-@pytest.mark.slow
 def test_a_parameter_server_job_runs_its_three_tasks_at_once_and_publishes(tmp_path):
     manifest = tmp_path / "ps.yaml"
     manifest.write_text(yaml.safe_dump(_ps_manifest()))
@@ -232,7 +208,15 @@ def test_a_chief_a_worker_and_an_evaluator_with_an_env_chain_finish_and_the_eval
     run = local.run_job(job, str(tmp_path / "run"), checkpoint_dir=str(tmp_path / "checkpoints"))
     output = capsys.readouterr().out
     assert run.codes == {"chief 0": 0, "worker 0": 0, "evaluator 0": 0}, output[-3000:]
+    for name in ("chief 0", "worker 0"):
+        assert f"[{name}] TF_CONFIG task: " in output and "replicas in sync: 2" in output, output[-3000:]
+    assert run.model == str(tmp_path / "run" / "tasks" / "chief-0" / "model")
+    assert (Path(run.model) / "saved_model" / "saved_model.pb").is_file()
+    assert JobRecord.read(run.model).task == "chief:0"
     assert JobRecord.read(run.model).metrics["accuracy"] > 0.5, "the chief wrote $(OUT)/metrics.json, expanded in order"
+    worker = tmp_path / "run" / "tasks" / "worker-0"
+    assert "'type': 'worker', 'index': 0}, replicas in sync: 2" in (worker / local.LOG_FILE).read_text()
+    assert json.loads((worker / "model" / "worker.json").read_text())["task"] == "worker:0"
     assert "[evaluator 0] evaluator: TF_CONFIG cluster ['chief', 'evaluator', 'worker']" in output
     assert "[evaluator 0] evaluator: new checkpoint" in output
     assert "evaluator 0: the chief finished successfully" in output, output[-3000:]

@@ -229,6 +229,35 @@ class _Reader:
     def warn(self, field: str, why: str) -> None:
         self.warnings.append(f"{field}: {why}")
 
+    def mapping(self, field: str, value: Any) -> dict:
+        """`value` when it is a mapping (None: empty); anything else is refused and read as empty."""
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.refuse(field, f"{_shown(value)} is not a mapping")
+            return {}
+        return value
+
+    def items(self, field: str, value: Any) -> list[tuple[str, dict]]:
+        """`(field[i], item)` for a list of mappings (None: none); what is not one is refused, one line each."""
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            self.refuse(field, f"{_shown(value)} is not a list")
+            return []
+        found = []
+        for i, item in enumerate(value):
+            if isinstance(item, dict):
+                found.append((f"{field}[{i}]", item))
+            else:
+                self.refuse(f"{field}[{i}]", f"{_shown(item)} is not a mapping")
+        return found
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
 
 _RUN_POLICY_WARNED = {
     "cleanPodPolicy": "every task deletes its own Service when its step ends and KFP keeps or deletes pods by its own "
@@ -313,9 +342,8 @@ def _pairs(reader: _Reader, field: str, value: Any) -> tuple[tuple[str, str], ..
 def _env(reader: _Reader, field: str, items: Any) -> tuple[tuple[tuple[str, str], ...], tuple[EnvSource, ...]]:
     plain: list[tuple[str, str]] = []
     sources: list[EnvSource] = []
-    for i, item in enumerate(items or []):
-        where = f"{field}[{i}]"
-        name = item.get("name") if isinstance(item, dict) else None
+    for where, item in reader.items(field, items):
+        name = item.get("name")
         if not isinstance(name, str) or not name:
             reader.refuse(where, "an environment variable needs a name")
             continue
@@ -324,7 +352,10 @@ def _env(reader: _Reader, field: str, items: Any) -> tuple[tuple[tuple[str, str]
             continue
         source = item.get("valueFrom")
         if source is None:
-            plain.append((name, str(item.get("value", ""))))
+            value = item.get("value", "")
+            if isinstance(value, (dict, list)):
+                reader.refuse(f"{where}.value ({name})", f"{_shown(value)} is not a string")
+            plain.append((name, str(value)))
             continue
         kind = next(iter(source), None) if isinstance(source, dict) and len(source) == 1 else None
         ref = source.get(kind) if kind else None
@@ -351,7 +382,7 @@ def _env(reader: _Reader, field: str, items: Any) -> tuple[tuple[tuple[str, str]
 
 def _resources(reader: _Reader, field: str, resources: Any) -> tuple[tuple, tuple, str, int]:
     """Requests and limits of cpu and memory in KFP's form, and the accelerator's name and count."""
-    resources = resources or {}
+    resources = reader.mapping(field, resources)
     for name in sorted(set(resources) - {"requests", "limits"}):
         reader.refuse(f"{field}.{name}", _NOT_EXPRESSIBLE)
     amounts: dict[str, dict[str, Any]] = {}
@@ -407,10 +438,13 @@ def _volumes(reader: _Reader, field: str, pod: dict) -> dict[str, tuple[str, dic
         "configMap": ("config_map", {"name", "optional"}),
         "ephemeral": ("ephemeral", {"volumeClaimTemplate"}),
     }
-    for i, volume in enumerate(pod.get("volumes") or []):
+    for at, volume in reader.items(f"{field}.volumes", pod.get("volumes")):
         name = volume.get("name")
         kinds = sorted(set(volume) - {"name"})
-        where = f"{field}.volumes[{i}] ({name})"
+        where = f"{at} ({name})"
+        if not isinstance(name, str) or not name:
+            reader.refuse(at, "a volume needs a name")
+            continue
         if len(kinds) != 1 or kinds[0] not in carried:
             reader.refuse(
                 where,
@@ -420,7 +454,7 @@ def _volumes(reader: _Reader, field: str, pod: dict) -> dict[str, tuple[str, dic
             )
             continue
         kind, keys = carried[kinds[0]]
-        source = volume[kinds[0]] or {}
+        source = reader.mapping(f"{where}.{kinds[0]}", volume[kinds[0]])
         for key in sorted(set(source) - keys):
             reader.refuse(f"{where}.{kinds[0]}.{key}", f"{_NOT_EXPRESSIBLE}; allowed: {', '.join(sorted(keys))}")
         volumes[name] = (kind, source)
@@ -428,11 +462,19 @@ def _volumes(reader: _Reader, field: str, pod: dict) -> dict[str, tuple[str, dic
 
 
 def _ephemeral(reader: _Reader, where: str, name: str, path: str, source: dict) -> Volume | None:
-    template = source.get("volumeClaimTemplate") or {}
-    spec = template.get("spec") or {}
-    size = ((spec.get("resources") or {}).get("requests") or {}).get("storage")
-    if not size or not spec.get("accessModes"):
+    claim = f"{where}.ephemeral.volumeClaimTemplate"
+    template = reader.mapping(claim, source.get("volumeClaimTemplate"))
+    spec = reader.mapping(f"{claim}.spec", template.get("spec"))
+    resources = reader.mapping(f"{claim}.spec.resources", spec.get("resources"))
+    size = reader.mapping(f"{claim}.spec.resources.requests", resources.get("requests")).get("storage")
+    modes = spec.get("accessModes")
+    if not size or not isinstance(modes, list) or not modes or not all(isinstance(m, str) for m in modes):
         reader.refuse(where, "an ephemeral volume needs spec.accessModes and spec.resources.requests.storage")
+        return None
+    try:
+        quantity.parse(size, f"{claim}.spec.resources.requests.storage")
+    except UsageError as err:
+        reader.refusals.append(str(err))
         return None
     for key in sorted(set(spec) - {"accessModes", "resources", "storageClassName"}):
         reader.refuse(f"{where}.ephemeral.volumeClaimTemplate.spec.{key}", _NOT_EXPRESSIBLE)
@@ -452,11 +494,15 @@ def _mounts(reader: _Reader, field: str, pod: dict, container: dict) -> tuple[tu
     volumes = _volumes(reader, field, pod)
     claims: list[Mount] = []
     others: list[Volume] = []
-    for i, mount in enumerate(container.get("volumeMounts") or []):
+    for at, mount in reader.items(f"{field}.containers[0].volumeMounts", container.get("volumeMounts")):
         name = mount.get("name")
-        where = f"{field}.containers[0].volumeMounts[{i}] ({name})"
+        where = f"{at} ({name})"
+        if not isinstance(name, str) or not isinstance(mount.get("mountPath"), str) or not mount["mountPath"]:
+            reader.refuse(at, "a volume mount needs a name and a mountPath")
+            continue
         if name not in volumes:
-            refused = any(v.get("name") == name for v in pod.get("volumes") or [])
+            listed = pod.get("volumes") if isinstance(pod.get("volumes"), list) else []
+            refused = any(isinstance(v, dict) and v.get("name") == name for v in listed)
             reader.refuse(where, "mounts a volume that is refused" if refused else "names no volume of the pod")
             continue
         kind, source = volumes[name]
@@ -499,25 +545,52 @@ def _mounts(reader: _Reader, field: str, pod: dict, container: dict) -> tuple[tu
 
 def _tolerations(reader: _Reader, field: str, items: Any) -> tuple[Toleration, ...]:
     kept = []
-    for i, item in enumerate(items or []):
-        unknown = sorted(set(item) - set(_TOLERATION)) if isinstance(item, dict) else ["(not a mapping)"]
+    for where, item in reader.items(field, items):
+        unknown = sorted(set(item) - set(_TOLERATION))
         if unknown:
-            reader.refuse(f"{field}[{i}]", f"unknown keys {unknown}; allowed: {', '.join(_TOLERATION)}")
+            reader.refuse(where, f"unknown keys {unknown}; allowed: {', '.join(_TOLERATION)}")
+            continue
+        seconds = item.get("tolerationSeconds")
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int)):
+            reader.refuse(f"{where}.tolerationSeconds", f"{_shown(seconds)}; allowed: a whole number of seconds")
             continue
         if item.get("operator", "Equal") not in ("Equal", "Exists") or item.get("effect", "NoSchedule") not in (
             "NoSchedule",
             "PreferNoSchedule",
             "NoExecute",
         ):
-            reader.refuse(f"{field}[{i}]", "operator: Equal or Exists; effect: NoSchedule, PreferNoSchedule, NoExecute")
+            reader.refuse(where, "operator: Equal or Exists; effect: NoSchedule, PreferNoSchedule, NoExecute")
             continue
         kept.append(Toleration(**{_TOLERATION[k]: v for k, v in item.items()}))
     return tuple(kept)
 
 
-def _requirements(items: Any) -> tuple[tuple[tuple[str, Any], ...], ...]:
-    return tuple(
-        tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(item.items())) for item in items or []
+_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+
+
+def _requirements(reader: _Reader, field: str, items: Any) -> tuple[tuple[tuple[str, Any], ...], ...]:
+    kept = []
+    for where, item in reader.items(field, items):
+        values = item.get("values", [])
+        if (
+            not isinstance(item.get("key"), str)
+            or item.get("operator") not in _OPERATORS
+            or not isinstance(values, list)
+        ):
+            reader.refuse(
+                where, f"a requirement needs a key, an operator ({', '.join(_OPERATORS)}) and a list of values"
+            )
+            continue
+        kept.append(tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(item.items())))
+    return tuple(kept)
+
+
+def _term(reader: _Reader, field: str, term: Any, weight: int | None = None) -> NodeTerm:
+    term = reader.mapping(field, term)
+    return NodeTerm(
+        _requirements(reader, f"{field}.matchExpressions", term.get("matchExpressions")),
+        _requirements(reader, f"{field}.matchFields", term.get("matchFields")),
+        weight,
     )
 
 
@@ -531,29 +604,33 @@ def _affinity(reader: _Reader, field: str, affinity: Any) -> tuple[NodeTerm, ...
             "kfp-kubernetes 2.17 sets node affinity only; keep tasks apart or together with nodeSelector and node "
             "affinity on node labels",
         )
-    node = affinity.get("nodeAffinity") or {}
+    field = f"{field}.nodeAffinity"
+    node = reader.mapping(field, affinity.get("nodeAffinity"))
     terms = []
-    required = node.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
-    for term in required.get("nodeSelectorTerms") or []:
-        terms.append(NodeTerm(_requirements(term.get("matchExpressions")), _requirements(term.get("matchFields"))))
-    for preferred in node.get("preferredDuringSchedulingIgnoredDuringExecution") or []:
-        term = preferred.get("preference") or {}
-        terms.append(
-            NodeTerm(
-                _requirements(term.get("matchExpressions")),
-                _requirements(term.get("matchFields")),
-                int(preferred.get("weight", 1)),
-            )
-        )
+    required = f"{field}.requiredDuringSchedulingIgnoredDuringExecution"
+    selector = reader.mapping(required, node.get("requiredDuringSchedulingIgnoredDuringExecution"))
+    for where, term in reader.items(f"{required}.nodeSelectorTerms", selector.get("nodeSelectorTerms")):
+        terms.append(_term(reader, where, term))
+    preferred = f"{field}.preferredDuringSchedulingIgnoredDuringExecution"
+    for where, item in reader.items(preferred, node.get("preferredDuringSchedulingIgnoredDuringExecution")):
+        weight = item.get("weight")
+        if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 100:
+            reader.refuse(f"{where}.weight", f"{_shown(weight)}; allowed: 1 to 100")
+            continue
+        terms.append(_term(reader, f"{where}.preference", item.get("preference"), weight))
     allowed = {"requiredDuringSchedulingIgnoredDuringExecution", "preferredDuringSchedulingIgnoredDuringExecution"}
     for key in sorted(set(node) - allowed):
-        reader.refuse(f"{field}.nodeAffinity.{key}", "unknown field")
+        reader.refuse(f"{field}.{key}", "unknown field")
     return tuple(terms)
 
 
 def _security(reader: _Reader, field: str, context: Any, into: dict[str, Any]) -> None:
-    for key, value in (context or {}).items():
+    for key, value in reader.mapping(field, context).items():
         if key in _SECURITY:
+            wanted = bool if key == "runAsNonRoot" else int
+            if not isinstance(value, wanted) or (wanted is int and isinstance(value, bool)):
+                reader.refuse(f"{field}.{key}", f"{_shown(value)} is not a {'boolean' if wanted is bool else 'number'}")
+                continue
             into[_SECURITY[key]] = value
         else:
             reader.refuse(
@@ -565,14 +642,15 @@ def _security(reader: _Reader, field: str, context: Any, into: dict[str, Any]) -
 
 def _port(reader: _Reader, field: str, container: dict) -> int:
     port = DEFAULT_PORT
-    for i, item in enumerate(container.get("ports") or []):
-        if isinstance(item, dict) and item.get("name") == "tfjob-port":
-            port = int(item["containerPort"])
-        else:
+    for where, item in reader.items(field, container.get("ports")):
+        if item.get("name") != "tfjob-port":
             reader.warn(
-                f"{field}[{i}]",
-                "not applied: a task's Service exposes its TensorFlow port (tfjob-port) and control port",
+                where, "not applied: a task's Service exposes its TensorFlow port (tfjob-port) and control port"
             )
+        elif isinstance(item.get("containerPort"), int) and 0 < item["containerPort"] < 65535:
+            port = item["containerPort"]
+        else:
+            reader.refuse(f"{where}.containerPort", f"{item.get('containerPort')!r}; allowed: 1 to 65534")
     return port
 
 
@@ -602,17 +680,17 @@ def _replica(reader: _Reader, kind: str, spec: Any) -> Replica | None:
         return None
     if policy == "Always":
         reader.warn(f"{field}.restartPolicy", "Always is run as OnFailure: a task that finished is not started again")
-    template = spec.get("template") or {}
+    template = reader.mapping(f"{field}.template", spec.get("template"))
     for key in sorted(set(template) - {"metadata", "spec"}):
         reader.refuse(f"{field}.template.{key}", "unknown field")
-    metadata = template.get("metadata") or {}
+    metadata = reader.mapping(f"{field}.template.metadata", template.get("metadata"))
     for key in sorted(set(metadata) - {"labels", "annotations", "name"}):
         reader.refuse(f"{field}.template.metadata.{key}", "a task's pod takes labels and annotations only")
     if metadata.get("name"):
         reader.warn(f"{field}.template.metadata.name", "not applied: KFP names the pods")
-    pod = template.get("spec") or {}
     where = f"{field}.template.spec"
-    containers = pod.get("containers") or []
+    pod = reader.mapping(where, template.get("spec"))
+    containers = [c for _, c in reader.items(f"{where}.containers", pod.get("containers"))]
     if not containers:
         reader.refuse(f"{where}.containers", "the pod has no container")
         return None
@@ -679,11 +757,11 @@ def _replica(reader: _Reader, kind: str, spec: Any) -> Replica | None:
             "installed (docs/migrate-from-tfjob.md)",
         )
     secrets = []
-    for i, item in enumerate(pod.get("imagePullSecrets") or []):
-        if isinstance(item, dict) and item.get("name"):
-            secrets.append(str(item["name"]))
+    for at, item in reader.items(f"{where}.imagePullSecrets", pod.get("imagePullSecrets")):
+        if isinstance(item.get("name"), str) and item["name"]:
+            secrets.append(item["name"])
         else:
-            reader.refuse(f"{where}.imagePullSecrets[{i}]", "needs a name")
+            reader.refuse(at, "needs a name")
     security: dict[str, Any] = {}
     _security(reader, f"{where}.securityContext", pod.get("securityContext"), security)
     _security(reader, f"{container}.securityContext", main.get("securityContext"), security)
@@ -768,7 +846,7 @@ def read_manifest(manifest: Any) -> JobSpec:
         reader.refuse(key, "unknown field")
     if manifest.get("status"):
         reader.warn("status", "a running job's status; not applied")
-    metadata = manifest.get("metadata") or {}
+    metadata = reader.mapping("metadata", manifest.get("metadata"))
     for key in ("labels", "annotations"):
         if metadata.get(key):
             reader.warn(
@@ -783,7 +861,7 @@ def read_manifest(manifest: Any) -> JobSpec:
             f"metadata.namespace ({metadata['namespace']})",
             "the run's tasks run in the namespace the run is created in",
         )
-    spec = manifest.get("spec") or {}
+    spec = reader.mapping("spec", manifest.get("spec"))
     success = spec.get("successPolicy", "")
     if success not in SUCCESS_POLICIES:
         reader.refuse("spec.successPolicy", f"{success!r}; allowed: AllWorkers or empty (the default)")
@@ -798,9 +876,9 @@ def read_manifest(manifest: Any) -> JobSpec:
         )
     for key in sorted(set(spec) - legacy - {"tfReplicaSpecs", "runPolicy", "successPolicy", "enableDynamicWorker"}):
         reader.refuse(f"spec.{key}", "unknown field")
-    deadline, backoff = _run_policy(reader, spec.get("runPolicy"))
+    deadline, backoff = _run_policy(reader, reader.mapping("spec.runPolicy", spec.get("runPolicy")))
     replicas = []
-    for kind, rspec in (spec.get("tfReplicaSpecs") or {}).items():
+    for kind, rspec in reader.mapping("spec.tfReplicaSpecs", spec.get("tfReplicaSpecs")).items():
         # The operator reads replica types case-insensitively (setTypeNameToCamelCase): `Ps` and `worker` are PS and
         # Worker.
         canonical = next((k for k in (*REPLICA_TYPES, "Master") if k.lower() == str(kind).lower()), str(kind))
