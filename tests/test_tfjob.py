@@ -2,6 +2,7 @@
 
 import copy
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -545,3 +546,25 @@ def test_quantities_are_read_as_kubernetes_reads_them():
     for bad in ("4GB", "-1", "1.5.0", "", "two", True, "1K", "1e3m"):
         with pytest.raises(UsageError, match=r"^memory .* is not allowed; allowed: a Kubernetes quantity"):
             quantity.memory(bad, "memory")
+
+
+@pytest.mark.parametrize(
+    "where, value, refusal",
+    [
+        (("tolerations",), [{"key": "gpu", "value": 0}], "tolerations[0]: key, operator, value and effect are strings"),
+        (("nodeSelector",), {"gpu-count": 1}, "nodeSelector.gpu-count: 1 is not a string, as Kubernetes requires"),
+        (("securityContext",), {"runAsGroup": -1}, "securityContext.runAsGroup: -1; allowed: a user or group id ≥ 0"),
+        (
+            ("affinity",),
+            {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": [1]}]}]}}},
+            "matchExpressions[0]: a requirement needs a key, an operator",
+        ),
+    ],
+    ids=["toleration value", "selector value", "group id", "requirement value"],
+)  # fmt: skip
+def test_a_value_kubernetes_would_reject_is_refused_at_compile_not_in_the_cluster(where, value, refusal):
+    manifest = _example()
+    manifest["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"][where[0]] = value
+    with pytest.raises(UsageError, match=re.escape(refusal)):
+        read_manifest(manifest)

@@ -331,12 +331,13 @@ def _strings(reader: _Reader, field: str, value: Any) -> tuple[str, ...]:
 
 
 def _pairs(reader: _Reader, field: str, value: Any) -> tuple[tuple[str, str], ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, dict):
-        reader.refuse(field, f"{value!r} is not a mapping of strings")
-        return ()
-    return tuple((str(k), str(v)) for k, v in value.items())
+    kept = []
+    for key, item in reader.mapping(field, value).items():
+        if isinstance(item, str):
+            kept.append((str(key), item))
+        else:
+            reader.refuse(f"{field}.{key}", f"{_shown(item)} is not a string, as Kubernetes requires; quote it")
+    return tuple(kept)
 
 
 def _env(reader: _Reader, field: str, items: Any) -> tuple[tuple[tuple[str, str], ...], tuple[EnvSource, ...]]:
@@ -550,6 +551,9 @@ def _tolerations(reader: _Reader, field: str, items: Any) -> tuple[Toleration, .
         if unknown:
             reader.refuse(where, f"unknown keys {unknown}; allowed: {', '.join(_TOLERATION)}")
             continue
+        if any(not isinstance(item.get(k, ""), str) for k in ("key", "operator", "value", "effect")):
+            reader.refuse(where, "key, operator, value and effect are strings, as Kubernetes requires; quote them")
+            continue
         seconds = item.get("tolerationSeconds")
         if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int)):
             reader.refuse(f"{where}.tolerationSeconds", f"{_shown(seconds)}; allowed: a whole number of seconds")
@@ -572,14 +576,9 @@ def _requirements(reader: _Reader, field: str, items: Any) -> tuple[tuple[tuple[
     kept = []
     for where, item in reader.items(field, items):
         values = item.get("values", [])
-        if (
-            not isinstance(item.get("key"), str)
-            or item.get("operator") not in _OPERATORS
-            or not isinstance(values, list)
-        ):
-            reader.refuse(
-                where, f"a requirement needs a key, an operator ({', '.join(_OPERATORS)}) and a list of values"
-            )
+        strings = isinstance(values, list) and all(isinstance(v, str) for v in values)
+        if not isinstance(item.get("key"), str) or item.get("operator") not in _OPERATORS or not strings:
+            reader.refuse(where, f"a requirement needs a key, an operator ({', '.join(_OPERATORS)}) and string values")
             continue
         kept.append(tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(item.items())))
     return tuple(kept)
@@ -628,8 +627,9 @@ def _security(reader: _Reader, field: str, context: Any, into: dict[str, Any]) -
     for key, value in reader.mapping(field, context).items():
         if key in _SECURITY:
             wanted = bool if key == "runAsNonRoot" else int
-            if not isinstance(value, wanted) or (wanted is int and isinstance(value, bool)):
-                reader.refuse(f"{field}.{key}", f"{_shown(value)} is not a {'boolean' if wanted is bool else 'number'}")
+            if not isinstance(value, wanted) or (wanted is int and (isinstance(value, bool) or value < 0)):
+                what = "a boolean" if wanted is bool else "a user or group id ≥ 0"
+                reader.refuse(f"{field}.{key}", f"{_shown(value)}; allowed: {what}")
                 continue
             into[_SECURITY[key]] = value
         else:
