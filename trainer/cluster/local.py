@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -23,14 +22,12 @@ from trainer.cluster.tf_config import assign_addresses, build_tf_config, tasks
 from trainer.config.checks import Check, int_between, is_int, require
 from trainer.core import cpus
 from trainer.core.errors import UsageError
+from trainer.core.processes import is_error_line, shell_code, signal_group
 
 log = logging.getLogger(__name__)
 
 MAX_LOCAL_WORKERS = 16
 LOCAL_PS = f"0 (mirrored) or 1 to {MAX_LOCAL_WORKERS}"
-
-
-_UNCAUGHT = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -66,7 +63,7 @@ def local_topology(workers: int, ps: int) -> tuple[dict[str, list[str]], dict[st
 def _pump(label: str, stream: IO[bytes], last_error: dict[str, str]) -> None:
     for raw in iter(stream.readline, b""):
         line = raw.decode(errors="replace").rstrip("\n")
-        if line.startswith("error:") or _UNCAUGHT.match(line):
+        if is_error_line(line):
             last_error[label] = line
         sys.stdout.write(f"[{label}] {line}\n")
         sys.stdout.flush()
@@ -174,11 +171,11 @@ class WorkerGroup:
                     codes[position] = None
                     continue
                 if job in self.tolerate:
-                    self.tolerated[label] = _shell_code(code)
-                    log.warning("%s exited with code %d; the others carry on", label, _shell_code(code))
+                    self.tolerated[label] = shell_code(code)
+                    log.warning("%s exited with code %d; the others carry on", label, shell_code(code))
                     continue
                 self.stop()
-                return _shell_code(code), label
+                return shell_code(code), label
             if all(c is not None for c in codes):
                 self._drain()
                 return 0, None
@@ -188,28 +185,16 @@ class WorkerGroup:
         """SIGTERM every live task, SIGKILL those still there after the grace period."""
         live = [p for p in self.procs if p.poll() is None]
         for p in live:
-            _signal_group(p, signal.SIGTERM)
+            signal_group(p, signal.SIGTERM)
         deadline = time.monotonic() + self.grace
         for p in live:
             try:
                 p.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                _signal_group(p, signal.SIGKILL)
+                signal_group(p, signal.SIGKILL)
                 p.wait()
         self._drain()
 
     def _drain(self) -> None:
         for pump in self._pumps:
             pump.join(timeout=5)
-
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _shell_code(code: int) -> int:
-    """Exit status as a shell reports it: a process killed by signal N is 128 + N."""
-    return 128 - code if code < 0 else code

@@ -46,6 +46,7 @@ from trainer.core.errors import (
     StartupTimeoutError,
     exit_code,
 )
+from trainer.core.processes import shell_code
 
 log = logging.getLogger(__name__)
 
@@ -97,11 +98,6 @@ class _Signals:
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
-
-
-def _shell_code(code: int) -> int:
-    """Exit status as a shell reports it: a process killed by signal N is 128 + N."""
-    return 128 - code if code < 0 else code
 
 
 def _stop(child: subprocess.Popen[bytes], grace: float) -> None:
@@ -265,7 +261,7 @@ class Supervisor:
         while True:
             code = child.poll()
             if code is not None:
-                return self._exit(_shell_code(code), generation)
+                return self._exit(shell_code(code), generation)
             if signals.received is not None:
                 log.info("%s: received signal %d; stopping the training process", self.name, signals.received)
                 _stop(child, self.grace)

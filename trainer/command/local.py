@@ -23,7 +23,6 @@ import logging
 import math
 import os
 import queue
-import re
 import signal
 import subprocess
 import sys
@@ -39,6 +38,7 @@ from trainer.config import registry as settings
 from trainer.core import cpus
 from trainer.core.errors import EXIT_FAILED, TaskFailedError, UsageError
 from trainer.core.files import read_json, write_json
+from trainer.core.processes import is_error_line, shell_code, signal_group
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,6 @@ EVALUATOR_GRACE = 60.0
 EVALUATOR = "evaluator"
 ARGUMENTS_FILE = "task.json"
 LOG_FILE = "task.log"
-_UNCAUGHT = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,10 +172,6 @@ def first_failure(exits: Sequence[tuple[Task, int]]) -> tuple[Task, int] | None:
     return next(((task, code) for task, code in exits if code != 0 and task.type != EVALUATOR), None)
 
 
-def _shell_code(code: int) -> int:
-    return 128 - code if code < 0 else code
-
-
 class _Stopped(Exception):  # noqa: N818 - a signal, not an error
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
@@ -229,7 +224,7 @@ class _Runner:
                 sink.write(raw)
                 sink.flush()
                 line = raw.decode(errors="replace").rstrip("\n")
-                if line.startswith("error:") or _UNCAUGHT.match(line):
+                if is_error_line(line):
                     self.last_error[name] = line
                 if line.strip():
                     self.last_line[name] = line
@@ -243,7 +238,7 @@ class _Runner:
         return f"{said} (all of it in {os.path.join(self.root, 'tasks', task.directory, LOG_FILE)})"
 
     def _wait(self, position: int) -> None:
-        self.events.put((position, _shell_code(self.procs[position].wait())))
+        self.events.put((position, shell_code(self.procs[position].wait())))
 
     def live(self) -> list[int]:
         """The positions of the tasks whose process still runs."""
@@ -254,27 +249,20 @@ class _Runner:
         self.stopped.update(positions)
         for position in positions:
             log.info("stopping %s", self.tasks[position].name)
-            _signal_group(self.procs[position], signal.SIGTERM)
+            signal_group(self.procs[position], signal.SIGTERM)
         deadline = time.monotonic() + grace
         for position in positions:
             try:
                 self.procs[position].wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 log.warning("%s did not stop within %g s; killing it", self.tasks[position].name, grace)
-                _signal_group(self.procs[position], signal.SIGKILL)
+                signal_group(self.procs[position], signal.SIGKILL)
                 self.procs[position].wait()
 
     def drain(self) -> None:
         """Waits for the pumps to write every line the tasks wrote."""
         for thread in self._threads:
             thread.join(timeout=5)
-
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _ignore(signals: Sequence[int]) -> None:
