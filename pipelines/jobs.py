@@ -15,7 +15,7 @@ from kfp import dsl, kubernetes
 from kfp.dsl import Model
 
 import components
-from components.contract import declare
+from components.contract import declare, pipeline_default
 from components.run_command import chief_model, create_job_cluster, run_command
 from pipelines.factories import DEFAULT_PODS, DEFAULT_STORAGE
 from pipelines.pods import PodSettings, step, training_pod, with_namespace
@@ -159,12 +159,7 @@ def tfjob_pipeline(
     chief, servers, workers = job.replica("chief"), job.replica("ps"), job.replica("worker")
     evaluator = job.replica("evaluator")
     overrides = {**settings.overrides(), **(defaults or {}), "port": job.port}
-    if job.backoff_limit is not None:
-        overrides["max_restarts"] = job.backoff_limit
-    if not servers and any(r.restart_policy == "Never" for r in job.replicas):
-        # A MultiWorkerMirrored job's tasks fail together (a lost peer breaks every collective), so under the
-        # operator one replica's Never failed the job at the first failure whatever the others' policies.
-        overrides["max_restarts"] = 0
+    overrides["max_restarts"] = job.max_restarts(pipeline_default("max_restarts"))
 
     def task(replica: Replica, index: Any, cluster: Any, every: dict[str, Any]) -> Any:
         run = runners[replica.type](

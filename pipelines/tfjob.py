@@ -169,9 +169,7 @@ def run_job_locally(job: JobSpec, output_dir: str, saved_model: str = "", **argu
     publish_uri = arguments.pop("publish_uri", "")
     s3_endpoint = arguments.pop("s3_endpoint", "")
     local.check_tasks(len(local.job_tasks(job)))
-    restarts = pipeline_default("max_restarts") if job.backoff_limit is None else job.backoff_limit
-    if not job.parameter_servers and any(r.restart_policy == "Never" for r in job.replicas):
-        restarts = 0
+    restarts = job.max_restarts(pipeline_default("max_restarts"))
     arguments = {"startup_timeout": settings.default("startup_timeout"), "max_restarts": restarts, **arguments}
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = os.path.join(os.path.abspath(output_dir), f"{job.name}-{stamp}-{uuid.uuid4().hex[:6]}")

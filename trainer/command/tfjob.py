@@ -205,6 +205,16 @@ class JobSpec:
         """Whether the job trains with parameter servers: its ps and worker tasks serve until the chief is done."""
         return self.replica("ps") is not None
 
+    def max_restarts(self, default: int) -> int:
+        """Restarts in place per task: `backoffLimit` when given, else `default`.
+
+        None at all in a MultiWorkerMirrored job with a `Never` replica: a lost peer breaks every collective, so the
+        operator failed such a job at the first failure whatever the other replicas' policies.
+        """
+        if not self.parameter_servers and any(r.restart_policy == "Never" for r in self.replicas):
+            return 0
+        return default if self.backoff_limit is None else self.backoff_limit
+
     @property
     def tasks(self) -> int:
         """Every task of the job, the evaluator's included."""
