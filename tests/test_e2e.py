@@ -383,9 +383,10 @@ spec:
 
 def test_a_tfjob_runs_in_a_plain_tensorflow_image_with_the_package_installed_and_gets_its_secret_as_env(cluster, capfd):
     """A converted TFJob's task in an image FROM a plain TensorFlow base with `pip install kfp-tf-multiworker[task]`
-    (pipelines/tfjob_example/Dockerfile): KFP's executor starts in it, the task joins by Service name in Kubernetes
-    mode, and its command gets the replica's `secretKeyRef` env from a Secret in the API stand-in (read over HTTPS as
-    the kubelet would, for the task whose compiled `secretAsEnv` names it)."""
+    (pipelines/tfjob_example/Dockerfile): KFP's executor starts in it, the job's one task runs in Kubernetes mode with
+    no TF_CONFIG and no Service (the operator's isDistributed), and its command gets the replica's `secretKeyRef` env
+    from a Secret in the API stand-in (read over HTTPS as the kubelet would, for the task whose compiled `secretAsEnv`
+    names it)."""
     import ast
     import base64
     import hashlib
@@ -435,12 +436,14 @@ def test_a_tfjob_runs_in_a_plain_tensorflow_image_with_the_package_installed_and
         digest = hashlib.sha256(token.encode()).hexdigest()
         assert f"API_TOKEN sha256 {digest}, DATA_SOURCE mnist-sample" in logs, logs[-4000:]
         assert token not in logs
-        config = json.loads(re.search(r"worker 0 runs .*? with TF_CONFIG (\{.*\})$", logs, re.M).group(1))
-        assert re.fullmatch(r"tfw-r[0-9a-f]{10}-0\.kubeflow-user-e2e\.svc:2222", config["cluster"]["worker"][0])
+        # One task in all: as under the operator (isDistributed), no TF_CONFIG and no cluster to join.
+        assert re.search(r"worker 0 runs .*? with no TF_CONFIG \(one task in all, as under TFJob\)$", logs, re.M), logs[
+            -4000:
+        ]
         assert re.search(r"test accuracy 0\.\d+", logs), logs[-4000:]
         model = Path(result.output.path)
         assert (model / "saved_model" / "saved_model.pb").is_file(), logs[-4000:]
-        assert stand_in.api.items("services") == {}, "the task deleted its own Service"
+        assert [c for c in stand_in.api.calls if c.resource == "services"] == [], "no Service for a lone task"
     finally:
         client.images.remove(pod_image, force=True)
         api.delete_namespaced_secret("e2e-api", e2e_cluster.NAMESPACE)
