@@ -49,7 +49,7 @@ test: $(STAMP) $(FASHION_DIR)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -n 2 --dist loadfile -m "not slow and not image and not e2e"
-	$(PY) -m pytest -m "slow and not image and not e2e"
+	$(PY) -m pytest -m "slow and not image and not e2e" --durations=15
 
 ## The fast tier: everything but multi-process training, the image and the containers (under a minute), one file
 ## per pytest-xdist worker on 2 processes; `make test` stays serial for the timing of its multi-process tests.
