@@ -30,7 +30,7 @@ from trainer.command.exec import WORKDIR_ENV
 from trainer.command.record import JobRecord, reported_metrics
 from trainer.config import registry as settings
 from trainer.core import cpus
-from trainer.core.errors import RETRYABLE_EXIT_CODES, TaskFailedError, UsageError
+from trainer.core.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, RETRYABLE_EXIT_CODES, TaskFailedError, UsageError
 from trainer.core.files import write_json
 
 log = logging.getLogger(__name__)
@@ -285,7 +285,9 @@ def command_task(
     )
 
     def result(code: int) -> dict[str, Any]:
-        if code and store is not None and not chief and (evaluator or not success_policy or "chief" in record.cluster):
+        stopped = code in (EXIT_TERMINATED, EXIT_INTERRUPTED)
+        chiefs = evaluator or not success_policy or "chief" in record.cluster
+        if code and not stopped and store is not None and not chief and chiefs:
             code = _after_the_chief(store, code, name, evaluator, startup_timeout, chief_timeout)
         _succeed(code)
         if not chief:
