@@ -239,6 +239,14 @@ class _Reader:
     def warn(self, field: str, why: str) -> None:
         self.warnings.append(f"{field}: {why}")
 
+    def rest(self, field: str, given: dict, carried: set[str], warned: dict[str, str], refused: dict[str, str]) -> None:
+        """Warns about or refuses each key of `given` that is not `carried`, one line each."""
+        for key in sorted(set(given) - carried):
+            if key in warned:
+                self.warn(f"{field}.{key}", warned[key])
+            else:
+                self.refuse(f"{field}.{key}", refused.get(key, _NOT_EXPRESSIBLE))
+
     def mapping(self, field: str, value: Any) -> dict:
         """`value` when it is a mapping (None: empty); anything else is refused and read as empty."""
         if value is None:
@@ -304,6 +312,28 @@ _POD_WARNED = {
     "the command within 2 s (exit 143)",
     "enableServiceLinks": "not applied: Kubernetes' default (true)",
     "automountServiceAccountToken": "not applied: the task's supervisor needs the token for its Service",
+}
+_POD_CARRIED = {
+    "containers",
+    "volumes",
+    "nodeSelector",
+    "tolerations",
+    "affinity",
+    "imagePullSecrets",
+    "securityContext",
+}
+_CONTAINER_CARRIED = {
+    "name",
+    "image",
+    "command",
+    "args",
+    "env",
+    "resources",
+    "ports",
+    "volumeMounts",
+    "workingDir",
+    "imagePullPolicy",
+    "securityContext",
 }
 _CONTAINER_REFUSED = {
     "envFrom": "a whole Secret or ConfigMap as environment cannot be set on a KFP task; name each key in env with "
@@ -712,39 +742,9 @@ def _replica(reader: _Reader, kind: str, spec: Any) -> Replica | None:
                 "a KFP task runs one container: sidecars cannot be added; run a logging or proxy agent as a "
                 "DaemonSet, or inside the command",
             )
-    carried_pod = {
-        "containers",
-        "volumes",
-        "nodeSelector",
-        "tolerations",
-        "affinity",
-        "imagePullSecrets",
-        "securityContext",
-    }
-    for key in sorted(set(pod) - carried_pod):
-        if key in _POD_WARNED:
-            reader.warn(f"{where}.{key}", _POD_WARNED[key])
-        else:
-            reader.refuse(f"{where}.{key}", _POD_REFUSED.get(key, _NOT_EXPRESSIBLE))
+    reader.rest(where, pod, _POD_CARRIED, _POD_WARNED, _POD_REFUSED)
     container = f"{where}.containers[0]"
-    carried_container = {
-        "name",
-        "image",
-        "command",
-        "args",
-        "env",
-        "resources",
-        "ports",
-        "volumeMounts",
-        "workingDir",
-        "imagePullPolicy",
-        "securityContext",
-    }
-    for key in sorted(set(main) - carried_container):
-        if key in _CONTAINER_WARNED:
-            reader.warn(f"{container}.{key}", _CONTAINER_WARNED[key])
-        else:
-            reader.refuse(f"{container}.{key}", _CONTAINER_REFUSED.get(key, _NOT_EXPRESSIBLE))
+    reader.rest(container, main, _CONTAINER_CARRIED, _CONTAINER_WARNED, _CONTAINER_REFUSED)
     if not isinstance(main.get("image"), str) or not main["image"]:
         reader.refuse(f"{container}.image", "every replica needs an image")
         return None
