@@ -807,36 +807,37 @@ def _replica(reader: _Reader, kind: str, spec: Any) -> Replica | None:
     )
 
 
-def _run_policy(reader: _Reader, policy: Any) -> tuple[int, int | None]:
+_RUN_POLICY_KEPT = {
+    "activeDeadlineSeconds": (
+        1,
+        "a whole number of seconds ≥ 1",
+        "every task's timeout (Kubernetes' activeDeadlineSeconds of its pod): each task, and each pod KFP re-creates, "
+        "gets the whole time, where the operator counted it once for the whole job",
+    ),
+    "backoffLimit": (
+        0,
+        "a whole number ≥ 0",
+        "each task restarts in place at most this many times (the pipeline's max_restarts), where the operator "
+        "counted the restarts of all pods together; KFP re-creates a lost pod on top",
+    ),
+}
+
+
+def _run_policy(reader: _Reader, policy: dict) -> tuple[int, int | None]:
     """The deadline (0: none) and backoff limit (None: not given) of `runPolicy`; the rest warned about."""
-    if not isinstance(policy, dict):
-        return 0, None
-    deadline, backoff = 0, None
+    kept: dict[str, int] = {}
     for key, value in policy.items():
         field = f"spec.runPolicy.{key}"
-        if key == "activeDeadlineSeconds":
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                reader.refuse(field, f"{value!r}; allowed: a whole number of seconds ≥ 1")
-                continue
-            deadline = value
-            reader.warn(
-                f"{field} ({value})",
-                "every task's timeout (Kubernetes' activeDeadlineSeconds of its pod): each task, and each pod KFP "
-                "re-creates, gets the whole time, where the operator counted it once for the whole job",
-            )
-        elif key == "backoffLimit":
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                reader.refuse(field, f"{value!r}; allowed: a whole number ≥ 0")
-                continue
-            backoff = value
-            reader.warn(
-                f"{field} ({value})",
-                "each task restarts in place at most this many times (the pipeline's max_restarts), where the "
-                "operator counted the restarts of all pods together; KFP re-creates a lost pod on top",
-            )
-        else:
+        if key not in _RUN_POLICY_KEPT:
             reader.warn(f"{field} ({value!r})", _RUN_POLICY_WARNED.get(key, "not applied"))
-    return deadline, backoff
+            continue
+        least, allowed, meaning = _RUN_POLICY_KEPT[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            reader.refuse(field, f"{_shown(value)}; allowed: {allowed}")
+            continue
+        kept[key] = value
+        reader.warn(f"{field} ({value})", meaning)
+    return kept.get("activeDeadlineSeconds", 0), kept.get("backoffLimit")
 
 
 def read_manifest(manifest: Any) -> JobSpec:
