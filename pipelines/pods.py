@@ -65,8 +65,10 @@ class PodSettings:
             )
         if not 0 <= self.retries <= 10:
             raise UsageError(f"retries {self.retries} is not allowed; allowed: 0 to 10")
-        if self.timeout_seconds and self.timeout_seconds < 60:
-            raise UsageError(f"timeout {self.timeout_seconds}s is not allowed; allowed: 0 (none) or at least 60 s")
+        if self.timeout_seconds < 0:
+            raise UsageError(
+                f"timeout {self.timeout_seconds}s is not allowed; allowed: 0 (none) or a number of seconds"
+            )
 
 
 def step(task: Any, name: str, cache: bool = False) -> Any:

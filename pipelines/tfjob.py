@@ -97,6 +97,7 @@ def for_this_machine(job: JobSpec, paths: dict[str, str]) -> JobSpec:
                 command=tuple(command),
                 args=tuple(_rewrite(a, paths) for a in replica.args),
                 env=tuple((k, _rewrite(v, paths)) for k, v in replica.env),
+                working_dir=_rewrite(replica.working_dir, paths) if replica.working_dir else "",
                 mounts=(),
             )
         )

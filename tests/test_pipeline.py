@@ -348,5 +348,5 @@ def test_pod_settings_take_every_quantity_kubernetes_takes_and_refuse_a_request_
         PodSettings(cpu_request="4", cpu_limit="2")
     with pytest.raises(UsageError, match=r"^memory_limit '4GB' is not allowed; allowed: a Kubernetes quantity"):
         PodSettings(memory_limit="4GB")
-    with pytest.raises(UsageError, match=r"^timeout 30s is not allowed; allowed: 0 \(none\) or at least 60 s"):
-        PodSettings(timeout_seconds=30)
+    with pytest.raises(UsageError, match=r"^timeout -1s is not allowed; allowed: 0 \(none\) or a number of seconds"):
+        PodSettings(timeout_seconds=-1)

@@ -568,3 +568,40 @@ def test_a_value_kubernetes_would_reject_is_refused_at_compile_not_in_the_cluste
     manifest["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"][where[0]] = value
     with pytest.raises(UsageError, match=re.escape(refusal)):
         read_manifest(manifest)
+
+
+def test_what_a_review_found_a_manifest_can_hold(tmp_path):
+    """An Evaluator's default Never, a null env value, a claim mounted twice, a volume naming nothing, a default
+    spelled out, a short deadline: each as the operator and Kubernetes took it, or refused naming the field."""
+    from pipelines.factories import DEFAULT_PODS
+    from pipelines.jobs import replica_pods
+    from pipelines.tfjob import for_this_machine
+
+    evaluated = _chief_and_workers()
+    replicas = evaluated["spec"]["tfReplicaSpecs"]
+    replicas["Chief"]["restartPolicy"] = replicas["Worker"]["restartPolicy"] = "OnFailure"
+    replicas["Evaluator"] = {**copy.deepcopy(replicas["Worker"]), "replicas": 1}
+    del replicas["Evaluator"]["restartPolicy"]
+    assert read_manifest(evaluated).max_restarts(3) == 3, "the evaluator is not in the collectives"
+
+    manifest = _example()
+    spec = manifest["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]
+    spec["containers"][0]["env"] = [{"name": "EMPTY", "value": None}]
+    spec["hostNetwork"], spec["dnsPolicy"] = False, "ClusterFirst"
+    spec["containers"][0]["workingDir"] = "/app/pipelines"
+    manifest["spec"]["runPolicy"] = {"activeDeadlineSeconds": 30}
+    job = read_manifest(manifest)
+    assert job.replica("worker").env == (("EMPTY", ""),)
+    assert any(w.startswith("spec.tfReplicaSpecs.Worker.template.spec.hostNetwork: False is") for w in job.warnings)
+    assert replica_pods(job.replica("worker"), DEFAULT_PODS, job.deadline)[0].timeout_seconds == 30
+    local = for_this_machine(job, {"/app": "/repo", "/train": str(tmp_path)})
+    assert local.replica("worker").working_dir == "/repo/pipelines"
+
+    twice = _example()
+    spec = twice["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]
+    spec["containers"][0]["volumeMounts"].append({"name": "training", "mountPath": "/out", "subPath": "out"})
+    spec["volumes"].append({"name": "nameless", "persistentVolumeClaim": {"readOnly": True}})
+    with pytest.raises(UsageError) as refused:
+        read_manifest(twice)
+    assert "volumeMounts[1] (training): strat-volume is mounted twice (/train and /out)" in str(refused.value)
+    assert "volumes[1] (nameless).persistentVolumeClaim.claimName: is missing" in str(refused.value)

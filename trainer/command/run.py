@@ -20,6 +20,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -148,19 +149,36 @@ def _succeed(code: int) -> None:
         raise TaskFailedError(code)
 
 
+# A chief that is keeping its model has not written its final state yet: how long a failed peer waits for it.
+FINAL_STATE_SECONDS = 10.0
+
+
+def _chief_succeeded(store: Any, seconds: float) -> bool:
+    """Whether the chief's status says it succeeded, waiting up to `seconds` while it says it is still running."""
+    from trainer.cluster.chief import POLL_INTERVAL
+
+    deadline = time.monotonic() + seconds
+    while True:
+        state = (store.read() or {}).get("state")
+        if state != "running" or time.monotonic() >= deadline:
+            return state == "succeeded"
+        time.sleep(POLL_INTERVAL)
+
+
 def _after_the_chief(store: Any, code: int, name: str, evaluator: bool, startup_timeout: float, timeout: float) -> int:
     """A task whose command failed for good while the job's success is the chief's: 0 once the chief succeeded.
 
     TFJob's success policy (`UpdateJobStatus`): a job with a Chief succeeds when the Chief does, one without it when
     worker 0 does (the chief here) unless AllWorkers; a task failing after that does not fail it. An Evaluator never
-    fails a job that succeeded, so it waits for the chief's final state; a training task reads it once.
+    fails a job that succeeded, so it waits for the chief's final state; a training task waits while the chief
+    is still keeping its model (`FINAL_STATE_SECONDS`).
     """
     from trainer.cluster.chief import wait_for_chief
 
     try:
         if evaluator:
             wait_for_chief(store, startup_timeout, timeout, name)
-        elif (store.read() or {}).get("state") != "succeeded":
+        elif not _chief_succeeded(store, FINAL_STATE_SECONDS):
             return code
     except Exception as err:  # noqa: BLE001 - the chief failed or vanished: this task's own failure stands
         log.info("%s: %s", name, err)
@@ -266,8 +284,10 @@ def command_task(
         ChiefWatch(store, startup_timeout, chief_timeout, name).over if (servers and not chief) or evaluator else None
     )
     kubernetes = cluster_mode == "kubernetes" and distributed
+    # The training tasks neither wait for the evaluator's name nor need it; the evaluator waits for theirs.
+    joined = record.cluster if evaluator else {job: a for job, a in record.cluster.items() if job != "evaluator"}
     position = (
-        discovery.join_cluster(record.cluster, task_type, index, run_id, startup_timeout, unschedulable_timeout)
+        discovery.join_cluster(joined, task_type, index, run_id, startup_timeout, unschedulable_timeout)
         if kubernetes
         else None
     )

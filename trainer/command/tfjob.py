@@ -211,7 +211,8 @@ class JobSpec:
         None at all in a MultiWorkerMirrored job with a `Never` replica: a lost peer breaks every collective, so the
         operator failed such a job at the first failure whatever the other replicas' policies.
         """
-        if not self.parameter_servers and any(r.restart_policy == "Never" for r in self.replicas):
+        training = [r for r in self.replicas if r.type != "evaluator"]
+        if not self.parameter_servers and any(r.restart_policy == "Never" for r in training):
             return 0
         return default if self.backoff_limit is None else self.backoff_limit
 
@@ -242,7 +243,9 @@ class _Reader:
     def rest(self, field: str, given: dict, carried: set[str], warned: dict[str, str], refused: dict[str, str]) -> None:
         """Warns about or refuses each key of `given` that is not `carried`, one line each."""
         for key in sorted(set(given) - carried):
-            if key in warned:
+            if key in _DEFAULTS and given[key] == _DEFAULTS[key] and type(given[key]) is type(_DEFAULTS[key]):
+                self.warn(f"{field}.{key}", f"{given[key]!r} is Kubernetes' default; nothing to carry")
+            elif key in warned:
                 self.warn(f"{field}.{key}", warned[key])
             else:
                 self.refuse(f"{field}.{key}", refused.get(key, _NOT_EXPRESSIBLE))
@@ -351,6 +354,18 @@ _CONTAINER_WARNED = {
     "terminationMessagePath": "not applied: the task's error line is in its log",
     "terminationMessagePolicy": "not applied: the task's error line is in its log",
 }
+# Fields a manifest may spell out at their Kubernetes default: they ask for nothing a KFP task does not already get.
+_DEFAULTS = {
+    "hostNetwork": False,
+    "hostPID": False,
+    "hostIPC": False,
+    "dnsPolicy": "ClusterFirst",
+    "schedulerName": "default-scheduler",
+    "shareProcessNamespace": False,
+    "tty": False,
+    "stdin": False,
+    "stdinOnce": False,
+}
 _SECURITY = {"runAsUser": "run_as_user", "runAsGroup": "run_as_group", "runAsNonRoot": "run_as_non_root"}
 _TOLERATION = {
     "key": "key",
@@ -393,10 +408,10 @@ def _env(reader: _Reader, field: str, items: Any) -> tuple[tuple[tuple[str, str]
             continue
         source = item.get("valueFrom")
         if source is None:
-            value = item.get("value", "")
+            value = item.get("value")
             if isinstance(value, (dict, list)):
                 reader.refuse(f"{where}.value ({name})", f"{_shown(value)} is not a string")
-            plain.append((name, str(value)))
+            plain.append((name, "" if value is None else str(value)))
             continue
         kind = next(iter(source), None) if isinstance(source, dict) and len(source) == 1 else None
         ref = source.get(kind) if kind else None
@@ -498,6 +513,14 @@ def _volumes(reader: _Reader, field: str, pod: dict) -> dict[str, tuple[str, dic
         source = reader.mapping(f"{where}.{kinds[0]}", volume[kinds[0]])
         for key in sorted(set(source) - keys):
             reader.refuse(f"{where}.{kinds[0]}.{key}", f"{_NOT_EXPRESSIBLE}; allowed: {', '.join(sorted(keys))}")
+        named = _SOURCE_NAME.get(kind)
+        if named and (not isinstance(source.get(named), str) or not source[named]):
+            reader.refuse(f"{where}.{kinds[0]}.{named}", "is missing; name the object to mount")
+            continue
+        medium = source.get("medium", "") if kind == "empty_dir" else ""
+        if not isinstance(medium, str) or not (medium in ("", "Memory") or medium.startswith("HugePages")):
+            reader.refuse(f"{where}.emptyDir.medium", f"{_shown(medium)}; allowed: empty, Memory, HugePages")
+            continue
         volumes[name] = (kind, source)
     return volumes
 
@@ -535,6 +558,9 @@ def _mounts(reader: _Reader, field: str, pod: dict, container: dict) -> tuple[tu
     volumes = _volumes(reader, field, pod)
     claims: list[Mount] = []
     others: list[Volume] = []
+    # KFP's driver names each of the pod's volumes after its claim, Secret or ConfigMap (an emptyDir or ephemeral
+    # volume after its own name), so two mounts of one would give the pod two volumes of one name.
+    mounted: dict[str, str] = {}
     for at, mount in reader.items(f"{field}.containers[0].volumeMounts", container.get("volumeMounts")):
         name = mount.get("name")
         where = f"{at} ({name})"
@@ -548,6 +574,16 @@ def _mounts(reader: _Reader, field: str, pod: dict, container: dict) -> tuple[tu
             continue
         kind, source = volumes[name]
         path = mount.get("mountPath")
+        volume_name = source[_SOURCE_NAME[kind]] if kind in _SOURCE_NAME else name
+        if volume_name in mounted:
+            reader.refuse(
+                where,
+                f"{volume_name} is mounted twice ({mounted[volume_name]} and {path}): KFP names a pod's volume after "
+                "its claim, Secret or ConfigMap, so each can be mounted once per task; mount it once and use paths "
+                "under it",
+            )
+            continue
+        mounted[volume_name] = path
         for key in sorted(set(mount) - {"name", "mountPath", "readOnly", "subPath", "mountPropagation"}):
             reader.refuse(f"{where}.{key}", _NOT_EXPRESSIBLE)
         if mount.get("mountPropagation"):
@@ -610,6 +646,7 @@ def _tolerations(reader: _Reader, field: str, items: Any) -> tuple[Toleration, .
 
 
 _OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+_SOURCE_NAME = {"claim": "claimName", "secret": "secretName", "config_map": "name"}
 
 
 def _requirements(reader: _Reader, field: str, items: Any) -> tuple[tuple[tuple[str, Any], ...], ...]:
