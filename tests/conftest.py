@@ -10,6 +10,19 @@ SAMPLE_DIR = ROOT / "data" / "mnist-sample"
 IMAGE = "registry.example.com/team/kfp-tf-multiworker:9.9.9"
 
 
+def script_processes(script, under) -> list[int]:
+    """The pids of `script`'s processes still running whose MODEL_DIR is under `under` (a test's own tasks)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            running = str(script).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+            if running and f"MODEL_DIR={under}".encode() in Path(f"/proc/{pid}/environ").read_bytes():
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
 def trainer_args(data, model_dir, *extra: str) -> list[str]:
     """The trainer's own flags: `--data DATA --model-dir MODEL_DIR` then EXTRA."""
     return ["--data", str(data), "--model-dir", str(model_dir), *extra]

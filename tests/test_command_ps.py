@@ -2,14 +2,12 @@
 supervisor, as the compiled pipeline runs them (`--local` runs them the same way, tests/test_tfjob_local.py)."""
 
 import json
-import os
 import sys
 import uuid
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, script_processes
 from tests.test_faults import Streamed, _env
 from trainer.command.record import JobRecord
 from trainer.command.run import create_job_cluster
@@ -43,19 +41,6 @@ def _job(base, chief_env=None, tasks=TASKS, run_id=None):
     return started
 
 
-def _script_processes(base):
-    """The pids of this test's ps_train.py processes (their MODEL_DIR is under `base`) still running."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            running = str(SCRIPT).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
-            if running and f"MODEL_DIR={base}".encode() in Path(f"/proc/{pid}/environ").read_bytes():
-                found.append(int(pid))
-        except OSError:
-            continue
-    return found
-
-
 def _finish(job):
     codes = {}
     try:
@@ -84,7 +69,7 @@ def test_the_parameter_servers_and_workers_end_when_the_chief_has_trained_and_sa
     assert (chief_dir / "saved_model" / "saved_model.pb").is_file()
     assert JobRecord.read(str(chief_dir)).task == "chief:0"
     assert json.loads((job["ps"][1] / "worker.json").read_text()) == {"task": "ps:0", "chief": False}
-    assert _script_processes(tmp_path) == [], "the servers' scripts were stopped, not left joined forever"
+    assert script_processes(SCRIPT, tmp_path) == [], "the servers' scripts were stopped, not left joined forever"
 
 
 @pytest.mark.slow
@@ -95,7 +80,7 @@ def test_a_failed_chief_ends_the_parameter_servers_and_workers_with_its_failure(
     assert codes == {"chief": 1, "ps": 1, "worker": 1}, output
     for name in ("ps", "worker"):
         assert f"error: {name} 0: the chief failed" in output[name], output[name][-2000:]
-    assert _script_processes(tmp_path) == []
+    assert script_processes(SCRIPT, tmp_path) == []
 
 
 @pytest.mark.slow
@@ -113,4 +98,4 @@ def test_a_lost_chief_retried_like_kfp_retries_it_takes_over_while_the_servers_k
     assert "chief: trained, loss" in retried_output
     for name in ("ps", "worker"):
         assert f"{name} 0: the chief finished successfully" in output[name]
-    assert _script_processes(tmp_path) == []
+    assert script_processes(SCRIPT, tmp_path) == []

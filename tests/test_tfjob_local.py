@@ -7,7 +7,6 @@ this machine is refused before anything starts.
 """
 
 import json
-import os
 import signal
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT, SAMPLE_DIR, run_module
+from tests.conftest import ROOT, SAMPLE_DIR, run_module, script_processes
 from tests.test_faults import Streamed, _env
 from trainer.command import local
 from trainer.command.record import JobRecord
@@ -55,19 +54,6 @@ def _ps_manifest(chief_env=None, workers=1, python="python"):
             "Worker": _replica(command, count=workers),
         },
     )
-
-
-def _script_processes(script, under):
-    """The pids of `script`'s processes still running whose MODEL_DIR is under `under`."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            running = str(script).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
-            if running and f"MODEL_DIR={under}".encode() in Path(f"/proc/{pid}/environ").read_bytes():
-                found.append(int(pid))
-        except OSError:
-            continue
-    return found
 
 
 def test_the_tasks_are_the_jobs_replicas_in_order_and_the_chief_is_chief_0_else_worker_0():
@@ -141,7 +127,7 @@ def test_a_parameter_server_job_runs_its_three_tasks_at_once_and_publishes(tmp_p
     assert f"published: version {version.version} at {version.path}" in result.stdout
     model = next(line for line in result.stdout.splitlines() if line.startswith("model: "))[len("model: ") :]
     assert (Path(model) / "saved_model" / "saved_model.pb").is_file()
-    assert _script_processes(PS_SCRIPT, tmp_path) == []
+    assert script_processes(PS_SCRIPT, tmp_path) == []
 
 
 @pytest.mark.slow
@@ -151,7 +137,7 @@ def test_a_failed_chief_fails_the_run_naming_it_and_stops_the_others(tmp_path):
         local.run_job(job, str(tmp_path / "run"), chief_timeout=60.0)
     assert failed.value.code == 1
     assert failed.value.reason.startswith("chief 0 failed with exit code 1"), failed.value.reason
-    assert _script_processes(PS_SCRIPT, tmp_path) == []
+    assert script_processes(PS_SCRIPT, tmp_path) == []
 
 
 @pytest.mark.slow
@@ -164,7 +150,7 @@ def test_sigterm_stops_every_task_with_143_and_leaves_no_process(tmp_path):
     )
     try:
         run.wait_for(r"\[chief 0\] Epoch 2/1000", 300)
-        assert len(_script_processes(PS_SCRIPT, tmp_path)) == 3, "\n".join(run.lines[-30:])
+        assert len(script_processes(PS_SCRIPT, tmp_path)) == 3, "\n".join(run.lines[-30:])
         run.proc.send_signal(signal.SIGTERM)
         code = run.finish(60)
     finally:
@@ -172,7 +158,7 @@ def test_sigterm_stops_every_task_with_143_and_leaves_no_process(tmp_path):
     errors = [line for line in run.lines if line.startswith("error:")]
     assert code == 143, "\n".join(run.lines[-30:])
     assert errors == ["error: stopped by signal 15 (SIGTERM): every task stopped"], errors
-    assert _script_processes(PS_SCRIPT, tmp_path) == []
+    assert script_processes(PS_SCRIPT, tmp_path) == []
 
 
 @pytest.mark.slow
@@ -218,4 +204,4 @@ def test_a_chief_a_worker_and_an_evaluator_with_an_env_chain_finish_and_the_eval
     assert "[evaluator 0] evaluator: TF_CONFIG cluster ['chief', 'evaluator', 'worker']" in output
     assert "[evaluator 0] evaluator: new checkpoint" in output
     assert "evaluator 0: the chief finished successfully" in output, output[-3000:]
-    assert _script_processes(ROOT / "tests" / "user_code" / "sidecar_evaluator.py", tmp_path) == []
+    assert script_processes(ROOT / "tests" / "user_code" / "sidecar_evaluator.py", tmp_path) == []
