@@ -169,7 +169,6 @@ def run_job_locally(job: JobSpec, output_dir: str, saved_model: str = "", **argu
 
     publish_uri = arguments.pop("publish_uri", "")
     s3_endpoint = arguments.pop("s3_endpoint", "")
-    local.check_tasks(len(local.job_tasks(job)))
     restarts = job.max_restarts(pipeline_default("max_restarts"))
     arguments = {"startup_timeout": settings.default("startup_timeout"), "max_restarts": restarts, **arguments}
     stamp = time.strftime("%Y%m%d-%H%M%S")
