@@ -88,7 +88,7 @@ def test_outside_its_prefixes_one_line_names_where_the_keys_may_write_and_nothin
     before = pod.keys(bucket="mlpipeline")
     with pytest.raises(SystemExit) as exit_info:
         run_step(_publish, model_dir=model_dir, store=pod, publish_uri=publish_uri)
-    assert exit_info.value.code == 1
+    assert exit_info.value.code == 4, "denied"
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1
     assert re.match(r"error: s3://mlpipeline at http://127\.0\.0\.1:\d+ refused to \w+ '", errors[0]), errors[0]

@@ -15,8 +15,8 @@ import pytest
 
 from tests.conftest import write_history
 from tests.standins.s3 import BUCKET, FaultyProxy, S3Server
-from trainer.core.errors import UsageError
-from trainer.storage.locations import StorageError
+from trainer.core.errors import StoreUnavailableError, UsageError
+from trainer.storage import faults
 from trainer.storage.publish import latest, publish
 
 pytestmark = pytest.mark.slow  # each test starts a server or a fresh TensorFlow process
@@ -152,7 +152,12 @@ def test_a_source_file_lost_mid_copy_leaves_nothing_visible(backend, saved_model
 
 
 def test_s3_a_connection_lost_while_the_version_is_copied_leaves_no_version(s3, saved_model, tmp_path, monkeypatch):
-    """The staged upload succeeds; the server-side copy into the version fails half-way (after the variables)."""
+    """The staged upload succeeds; the server-side copy into the version fails half-way (after the variables).
+
+    The store answers 500 InternalError to that copy every time: transient, so it is retried (5 attempts, the
+    schedule shortened here), then the store is unavailable (exit 142).
+    """
+    monkeypatch.setattr(faults, "FIRST_DELAY", 0.01)
     for name, value in s3.publisher.env().items():
         monkeypatch.setenv(name, value)
     target = Backend("s3", tmp_path, s3)
@@ -164,13 +169,18 @@ def test_s3_a_connection_lost_while_the_version_is_copied_leaves_no_version(s3, 
 
     proxy = FaultyProxy(s3.url, fails)
     try:
-        with pytest.raises(StorageError, match=rf"^s3://{BUCKET} at {proxy.url}: write '{BUCKET}/{target.prefix}/\d+/"):
+        with pytest.raises(
+            StoreUnavailableError,
+            match=rf"^s3://{BUCKET} at {proxy.url}: write '{BUCKET}/{target.prefix}/\d+/\S+': the store stayed "
+            r"throttled or unavailable through 5 attempts in \d+\.\d s \(last: 500 InternalError: injected: "
+            r"connection lost\)",
+        ):
             publish(saved_model, {"accuracy": 0.99}, target.uri, LINEAGE, proxy.url)
     finally:
         proxy.stop()
     copies = [path for method, path, _ in proxy.requests if method == "PUT" and "/.staging-" not in path]
     assert copies and not any("saved_model.pb" in p for p in copies), "saved_model.pb is copied last: never here"
-    assert any(failed for *_, failed in proxy.requests)
+    assert sum(failed for *_, failed in proxy.requests) == 5, "one request per attempt"
     assert target.listing() == sorted(
         [f"{first}/{f}" for f in [*_model_files(saved_model), "metrics.json"]] + ["latest.json"]
     )
@@ -196,7 +206,7 @@ def test_s3_a_connection_lost_while_the_version_is_copied_leaves_no_version(s3, 
 def test_s3_weak_or_wrong_credentials_give_one_line_naming_bucket_and_permission(
     s3, saved_model, tmp_path, monkeypatch, capsys, who, message
 ):
-    """Through the component body, credentials from the environment as a Secret gives them: exit 1, one line."""
+    """Through the component body, credentials from the environment as a Secret gives them: exit 4, one line."""
     import components
 
     keys = {"reader": s3.reader.env(), "stranger": {"AWS_ACCESS_KEY_ID": "AKIA0000", "AWS_SECRET_ACCESS_KEY": "x"}}
@@ -218,7 +228,7 @@ def test_s3_weak_or_wrong_credentials_give_one_line_naming_bucket_and_permission
         )
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert exit_info.value.code == 1 and len(errors) == 1, err[-3000:]
+    assert exit_info.value.code == 4 and len(errors) == 1, err[-3000:]
     assert "Traceback" not in err
     expected = message.format(bucket=BUCKET, prefix=target.prefix)
     assert errors[0].startswith(f"error: s3://{BUCKET} at {s3.url} refused to"), errors[0]

@@ -81,6 +81,7 @@ _TRANSIENT_TYPES = {
 
 _NO_SPACE_ADVICE = "free space there or give the task a larger volume"
 _QUOTA_ADVICE = "raise the quota or remove old files or versions there"
+_READ_ONLY_ADVICE = "mount it read-write or choose another location"
 _TRANSIENT_ADVICE = "the store is throttled or down: the task ends with 142 and is retried when it restarts"
 
 
@@ -125,7 +126,8 @@ def retrying(
 
     Raises:
         StoreUnavailableError: the fault stayed transient through every attempt (exit 142, retryable).
-        NoSpaceError, DeniedError, QuotaError: a permanent fault, at once.
+        NoSpaceError, DeniedError, QuotaError: a permanent fault, at once (as is when `fn` raised it named
+            already: a fault named inside, a StoreUnavailableError included, is not retried again).
     """
     started = time.monotonic()
     for attempt in range(1, attempts + 1):
@@ -133,7 +135,7 @@ def retrying(
             return fn()
         except Exception as err:
             fault = classify(err, what)
-            if fault is None:
+            if fault is None or fault is err:
                 raise
             if not isinstance(fault, StoreUnavailableError):
                 raise fault from err
@@ -217,7 +219,8 @@ def _gcs_fault(err: BaseException) -> tuple[type[StorageFaultError], str, str] |
             )
         # gcsfs raises a GCS 403 as OSError("Forbidden: PATH\nMESSAGE"), the reason dropped.
         if type(cause) is OSError and cause.errno is None and str(cause).startswith("Forbidden: "):
-            return _http_fault(403, _detail(f"403 {cause}"), str(cause))
+            message = str(cause).partition("\n")[2] or str(cause)
+            return _http_fault(403, _detail(f"403 Forbidden: {message}"), message)
     return None
 
 
@@ -244,7 +247,7 @@ def _os_fault(err: BaseException) -> tuple[type[StorageFaultError], str, str] | 
         if cause.errno == errno.EDQUOT:
             return QuotaError, f"disk quota exceeded ({code})", _QUOTA_ADVICE
         if cause.errno == errno.EROFS:
-            return DeniedError, f"read-only file system ({code})", "mount it read-write or choose another location"
+            return DeniedError, f"read-only file system ({code})", _READ_ONLY_ADVICE
         if cause.errno in (errno.EACCES, errno.EPERM):
             return (
                 DeniedError,
@@ -275,16 +278,20 @@ def _by_message(err: BaseException) -> tuple[type[StorageFaultError], str, str] 
     """TensorFlow's file errors (and others without an errno) by what their message says."""
     for cause in _chain(err):
         text = str(getattr(cause, "message", "") or cause)
-        detail = _detail(f"{type(cause).__name__}: {text}")
-        if "No space left on device" in text:
-            return NoSpaceError, f"no space left on the device ({detail})", _NO_SPACE_ADVICE
-        if "Disk quota exceeded" in text:
-            return QuotaError, f"disk quota exceeded ({detail})", _QUOTA_ADVICE
-        if "Read-only file system" in text:
-            return DeniedError, f"read-only file system ({detail})", "mount it read-write or choose another location"
+        kind = type(cause).__name__
         tensorflow = type(cause).__module__.startswith("tensorflow")
-        if tensorflow and (type(cause).__name__ == "PermissionDeniedError" or "Permission denied" in text):
-            return DeniedError, f"permission denied ({detail})", "let the task write there or choose another location"
-        if tensorflow and type(cause).__name__ == "ResourceExhaustedError":
-            return NoSpaceError, f"out of space ({detail})", _NO_SPACE_ADVICE
+        if "No space left on device" in text:
+            return NoSpaceError, f"no space left on the device (ENOSPC, {kind})", _NO_SPACE_ADVICE
+        if "Disk quota exceeded" in text:
+            return QuotaError, f"disk quota exceeded (EDQUOT, {kind})", _QUOTA_ADVICE
+        if "Read-only file system" in text:
+            return DeniedError, f"read-only file system (EROFS, {kind})", _READ_ONLY_ADVICE
+        if tensorflow and (kind == "PermissionDeniedError" or "Permission denied" in text):
+            return (
+                DeniedError,
+                f"permission denied ({_detail(f'{kind}: {text}')})",
+                f"let the task's user (uid {os.getuid()}) write there or choose another location",
+            )
+        if tensorflow and kind == "ResourceExhaustedError":
+            return NoSpaceError, f"out of space ({_detail(f'{kind}: {text}')})", _NO_SPACE_ADVICE
     return None

@@ -37,7 +37,7 @@ class EpochCheckpoints:
         class _Callback(keras.callbacks.Callback):
             def on_epoch_end(self, epoch, logs=None):
                 started = time.perf_counter()
-                outer.checkpoint.write(home.prefix(epoch + 1))
+                outer.write(epoch + 1)
                 entry = throughput.epochs[-1]
                 entry["checkpoint_seconds"] = round(time.perf_counter() - started, 3)
                 home.commit(epoch + 1, throughput.epochs)
@@ -45,6 +45,25 @@ class EpochCheckpoints:
 
         self.throughput = throughput
         self.callback = _Callback()
+
+    def write(self, epoch: int) -> None:
+        """Writes the checkpoint after `epoch`; a failure leaves none of its files behind.
+
+        Raises:
+            NoSpaceError, DeniedError, QuotaError, StoreUnavailableError: the disk or store failed the write
+                (`trainer.storage.faults`: exit 3, 4, 5, 142); the manifest still names the previous checkpoint.
+        """
+        prefix = self.home.prefix(epoch)
+        try:
+            self.checkpoint.write(prefix)
+        except Exception as err:
+            from trainer.storage.faults import classify
+
+            _discard_checkpoint(prefix)
+            fault = classify(err, f"write the checkpoint of epoch {epoch} to {prefix!r}")
+            if fault is None:
+                raise
+            raise fault from err
 
     def restore(self, epoch: int | None) -> int:
         """Restores the checkpoint after `epoch` before training; returns the number of finished epochs.
@@ -75,6 +94,26 @@ class EpochCheckpoints:
         done = "epoch 1 is done" if epoch == 1 else f"epochs 1-{epoch} are done"
         log.info("resuming from the checkpoint: %s, continuing with epoch %d", done, epoch + 1)
         return epoch
+
+
+def _discard_checkpoint(prefix: str) -> None:
+    """Removes what a failed write of the checkpoint at `prefix` left (its files, TensorFlow's `_temp` directory)."""
+    import tensorflow as tf
+
+    for pattern in (f"{prefix}.*", f"{prefix}_temp*"):
+        try:
+            found = tf.io.gfile.glob(pattern)
+        except tf.errors.OpError as err:
+            log.warning("could not list what the failed checkpoint write left at %s: %s", pattern, err)
+            continue
+        for path in found:
+            try:
+                if tf.io.gfile.isdir(path):
+                    tf.io.gfile.rmtree(path)
+                else:
+                    tf.io.gfile.remove(path)
+            except tf.errors.OpError as err:
+                log.warning("could not remove %s, left by the failed checkpoint write: %s", path, err)
 
 
 def log_epoch(entry: dict[str, Any]) -> None:
