@@ -222,6 +222,10 @@ def main() -> None:
         section("time to accuracy")
     results["pipeline"] = pipeline_overhead(work, epochs=3 if args.quick else 6, compiles=samples)
     section("pipeline overhead")
+    from bench.handover import measure as handover
+
+    results["handover"] = handover(work / "handover", (256 if args.quick else 2048) << 20)
+    section("checkpoint hand-over")
     out.mkdir(parents=True, exist_ok=True)
     results["bench_seconds"] = time.perf_counter() - started
     (out / f"{mode}.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import re
+import socket
 import subprocess
 import uuid
 from pathlib import Path
@@ -297,6 +298,43 @@ def test_s3_refused_credentials_end_4_with_the_line_naming_bucket_key_permission
         f"the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY) need s3:PutObject on bucket '{BUCKET}'"
     )
     assert s3.keys(prefix) == []
+
+
+def test_s3_an_endpoint_that_refuses_connections_is_retried_then_142(monkeypatch, caplog):
+    monkeypatch.setattr(faults, "FIRST_DELAY", 0.01)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIA0000")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    with caplog.at_level(logging.WARNING, logger="trainer.storage.faults"):
+        with pytest.raises(StoreUnavailableError) as raised:
+            Location(f"s3://{BUCKET}/p", endpoint).read_json("latest.json")
+    assert exit_code(raised.value) == 142
+    assert re.fullmatch(
+        rf"s3://{BUCKET} at {endpoint}: read '{BUCKET}/p/latest.json': the store stayed throttled or unavailable "
+        rf"through 5 attempts in \d+\.\d s \(last: EndpointConnectionError: .*\); {THROTTLED}",
+        str(raised.value),
+    ), raised.value
+    assert sum("retrying in" in r.getMessage() for r in caplog.records) == 4
+
+
+def test_s3_without_credentials_is_denied(monkeypatch):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    with pytest.raises(DeniedError) as raised:
+        Location(f"s3://{BUCKET}/p", endpoint).write_json({}, "latest.json")
+    assert exit_code(raised.value) == 4
+    assert str(raised.value) == (
+        f"s3://{BUCKET} at {endpoint}: write '{BUCKET}/p/latest.json': no credentials found; give the task "
+        "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (a Secret) or an IAM role"
+    )
 
 
 # --- GCS -----------------------------------------------------------------------------------------------------

@@ -114,3 +114,44 @@ def test_bad_input_is_never_restarted(tmp_path):
     assert "restart" not in result.stdout + result.stderr
     lines = [line for line in result.stdout.splitlines() if "has no metadata.json" in line]
     assert 1 <= len(lines) <= 2, "each worker ran once (the launcher may stop the second before it reads the data)"
+
+
+def _has_ipv6_loopback():
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _has_ipv6_loopback(), reason="this host has no IPv6 loopback")
+def test_two_workers_train_on_ipv6_loopback_with_their_control_channel_there(sample_data, tmp_path):
+    """TF_CONFIG, TensorFlow's gRPC and the supervisors' channel all on `[::1]:port` (the channel restarts need)."""
+    from trainer.cluster.control import ADDRESSES_ENV, SECRET_ENV, new_secret
+
+    ports = free_ports(4, "::1")
+    cluster = {"worker": [f"[::1]:{p}" for p in ports[:2]]}
+    control = {"worker": [f"[::1]:{p}" for p in ports[2:]]}
+    env = _env(**{ADDRESSES_ENV: json.dumps(control), SECRET_ENV: new_secret()})
+    args = trainer_args(sample_data, tmp_path / "model", "--epochs", "1", "--max-restarts", "1", "--run-id", "ipv6")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "trainer.train", *args],
+            cwd=ROOT,
+            env=dict(env, TF_CONFIG=json.dumps(build_tf_config(cluster, "worker", index))),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for index in range(2)
+    ]
+    try:
+        outputs = [proc.communicate(timeout=400)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert [proc.returncode for proc in procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    assert sorted(os.listdir(tmp_path / "model")) == ["history.json", "model.keras", "saved_model"]
+    assert "TRAINER_CONTROL_SECRET" not in "".join(outputs) and env[SECRET_ENV] not in "".join(outputs)

@@ -54,7 +54,8 @@ def create_cluster(
     """Gives every task of the run an address (and its supervisor a control address) and writes cluster.json.
 
     Kubernetes mode names one headless Service per task in this pod's namespace (each task creates its own when it
-    joins); local mode picks free loopback ports.
+    joins); local mode picks free loopback ports. The record also holds a fresh secret for the run's control channel
+    (`trainer.cluster.record`); the returned record's metadata leaves it out.
     """
     from trainer.cluster.local import local_topology
     from trainer.k8s import objects as k8s
@@ -67,7 +68,7 @@ def create_cluster(
         addresses = k8s.task_addresses(run_id, tasks, k8s.namespace(), port)
         spec = cluster_lib.assign_addresses(addresses, num_workers, num_ps)
         control = cluster_lib.assign_addresses([cluster_lib.next_port(a) for a in addresses], num_workers, num_ps)
-    record = ClusterRecord(spec, control, settings.cluster_mode)
+    record = ClusterRecord.new(spec, control, settings.cluster_mode)
     record.write(output_dir)
     return record
 
@@ -134,7 +135,7 @@ def train_task(
         else None
     )
     try:
-        code = supervise(config, tf_config, record.control)
+        code = supervise(config, tf_config, record.control, secret=record.secret)
     finally:
         if kubernetes:
             discovery.leave_cluster(run_id, position)

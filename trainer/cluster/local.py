@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import IO
 
-from trainer.cluster.control import ADDRESSES_ENV
+from trainer.cluster.control import ADDRESSES_ENV, SECRET_ENV, new_secret
 from trainer.cluster.tf_config import assign_addresses, build_tf_config, tasks
 from trainer.config.checks import Check, int_between, is_int, require
 from trainer.core import cpus
@@ -31,11 +31,11 @@ LOCAL_PS = f"0 (mirrored) or 1 to {MAX_LOCAL_WORKERS}"
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """`count` distinct TCP ports that were free on `host` a moment ago."""
+    """`count` distinct TCP ports that were free on `host` (an IPv4 or IPv6 address) a moment ago."""
     sockets = []
     try:
         for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
             s.bind((host, 0))
             sockets.append(s)
         return [s.getsockname()[1] for s in sockets]
@@ -75,7 +75,8 @@ class WorkerGroup:
     A task's process that dies whole, killed by a signal (SIGKILL, the OOM killer), is the local model of a lost
     pod: with `replacements` left it is started again with the same TF_CONFIG, as Kubernetes re-creates a pod, and
     its supervisor rejoins the survivors (`trainer.cluster.supervisor`). A process that exits with a code of its own has
-    decided for good.
+    decided for good. With control addresses every process gets them (`TRAINER_CONTROL`) and one secret of this group,
+    generated here (`TRAINER_CONTROL_SECRET`), which its supervisor keeps from the training process.
     """
 
     def __init__(
@@ -92,6 +93,7 @@ class WorkerGroup:
         self.command = list(command)
         self.cluster = cluster
         self.control = control
+        self.secret = new_secret() if control else ""
         self.tasks = [(task.job, task.index) for task in tasks(cluster)]
         self.labels = [task.name for task in tasks(cluster)]
         self.tolerate = set(tolerate)
@@ -120,6 +122,7 @@ class WorkerGroup:
         env["TF_CONFIG"] = json.dumps(build_tf_config(self.cluster, job, index))
         if self.control:
             env[ADDRESSES_ENV] = json.dumps(self.control)
+            env[SECRET_ENV] = self.secret
         env.setdefault(cpus.INTRA_ENV, str(share.threads))
         env.setdefault(cpus.INTER_ENV, str(cpus.INTER_OP_THREADS))
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")

@@ -1,13 +1,20 @@
-"""cluster.json: the run's cluster as the create-cluster step writes it and every training task reads it."""
+"""cluster.json: the run's cluster as the create-cluster step writes it and every training task reads it.
+
+It also carries the run's control secret (`trainer.cluster.control`): the file is an artifact of the run in the
+pipeline root, so whoever can read the run's artifacts can read it, as every task of the run does; the step's
+artifact metadata (shown in the KFP UI and kept in ML Metadata) leaves it out.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from trainer.cluster.control import check_secret, new_secret
 from trainer.cluster.tf_config import validate_cluster
 from trainer.core.errors import UsageError
 from trainer.core.files import write_json
@@ -22,16 +29,24 @@ class ClusterRecord:
         control: the supervisors' control addresses, shaped like `cluster` (empty: none, the tasks do not restart
             together).
         mode: `kubernetes` (one Service name per task) or `local` (free loopback ports).
+        secret: the run's control secret, which every request on the supervisors' control channel proves (empty:
+            the record has no control addresses).
     """
 
     cluster: dict[str, list[str]]
     control: dict[str, list[str]]
     mode: str
+    secret: str = dataclasses.field(default="", repr=False)
 
     FILE: ClassVar[str] = "cluster.json"
 
+    @classmethod
+    def new(cls, cluster: dict[str, list[str]], control: dict[str, list[str]], mode: str) -> ClusterRecord:
+        """A record for a new run: with control addresses, a fresh control secret."""
+        return cls(cluster, control, mode, new_secret() if control else "")
+
     def to_json(self) -> dict[str, Any]:
-        """The record as cluster.json holds it (and the step's artifact metadata)."""
+        """The record without its secret: the step's artifact metadata."""
         return {"cluster": self.cluster, "control": self.control, "mode": self.mode}
 
     @classmethod
@@ -51,11 +66,23 @@ class ClusterRecord:
             raise UsageError(
                 f"cluster file {where!r}: mode {data.get('mode')!r} is not allowed; allowed: kubernetes, local"
             )
-        return cls(cluster, control, data["mode"])
+        secret = ""
+        if control:
+            if "secret" not in data:
+                raise UsageError(
+                    f"cluster file {where!r} has no control secret: it was written by an older trainer; allowed: a "
+                    "cluster file from this trainer's cluster step (run the pipeline again)"
+                )
+            secret = check_secret(data["secret"], f"cluster file {where!r}")
+        return cls(cluster, control, data["mode"], secret)
 
     def write(self, directory: str) -> None:
-        """Writes cluster.json into `directory` (whole, or not at all)."""
-        write_json(os.path.join(directory, self.FILE), self.to_json())
+        """Writes cluster.json, with the secret, into `directory` (whole, or not at all)."""
+        path = os.path.join(directory, self.FILE)
+        write_json(path, dict(self.to_json(), secret=self.secret))
+        if "://" not in path:
+            with contextlib.suppress(OSError):  # a mount without modes (gcsfuse) keeps its own
+                os.chmod(path, 0o600)
 
     @classmethod
     def read(cls, directory: str) -> ClusterRecord:

@@ -9,30 +9,46 @@ latest checkpoint in its *home*, `ROOT/<task>` (for example `/tmp/tf-checkpoints
 The manifest is replaced whole after TensorFlow has written the checkpoint, so it only ever names a complete one.
 Before every (re)start of a cluster the workers' supervisors agree on where to resume: the latest epoch any of
 them holds (`agree`). A task that lacks it (a replaced pod starts with an empty disk) receives it from a peer that
-has it over the run's control channel (`send` / `receive`), so all resume from the same epoch. When no task has
-one, all start again from epoch 1. ROOT is `checkpoint_dir` (a volume or `gs://` keeps it when a pod is lost),
-else a directory inside the pod. No TensorFlow here: the supervisor uses it.
+has it over the run's control channel (`send` / `HandOver`, resumed after a broken connection), so all resume from
+the same epoch. When no task has one, all start again from epoch 1. ROOT is `checkpoint_dir` (a volume or `gs://`
+keeps it when a pod is lost), else a directory inside the pod. No TensorFlow here: the supervisor uses it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import logging
 import os
 import re
-from collections.abc import Mapping
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO, Any
 
-from trainer.core.errors import PeerUnavailableError
+from trainer.cluster.control import MAX_LINE, seal, sealed
+from trainer.core.errors import (
+    DeniedError,
+    NoSpaceError,
+    PeerUnavailableError,
+    QuotaError,
+    StorageFaultError,
+)
+from trainer.core.files import write_json
 from trainer.storage.locations import Location
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "resume.json"
 CHUNK = 1 << 20
+HANDOVER_PREFIX = ".handover-"
+PLAN = "plan.json"
+MAX_HEADER = 1 << 20
+PROGRESS_SECONDS = 5.0
 _CHECKPOINT_FILE = re.compile(r"^ckpt-(\d+)\.(index|data-\d{5}-of-\d{5})$")
 
 
@@ -123,8 +139,13 @@ class CheckpointHome:
             with contextlib.suppress(OSError):
                 os.rmdir(os.path.dirname(self._location.root))
 
-    def send(self, epoch: int, out: IO[bytes]) -> None:
-        """Writes the checkpoint of `epoch` to `out`: a JSON header line, each file's bytes, a JSON trailer line.
+    def send(self, epoch: int, out: IO[bytes], key: bytes, offset: int = 0, prefix_sha256: str = "") -> None:
+        """Writes the checkpoint of `epoch` to `out`: a JSON header line, the files' bytes, a JSON trailer line.
+
+        The files' bytes follow each other in the manifest's order. When `offset` is set and the first `offset` of
+        them hash to `prefix_sha256` (what a receiver kept from a broken transfer), only the bytes from `offset` on
+        are sent; otherwise all. Header and trailer are sealed with `key` (the transfer's key); the trailer holds
+        the SHA-256 of all the bytes.
 
         Raises:
             FileNotFoundError: this home holds no checkpoint of `epoch`.
@@ -133,58 +154,305 @@ class CheckpointHome:
         if manifest is None or manifest.epoch != epoch:
             raise FileNotFoundError(f"{self.uri} holds no checkpoint of epoch {epoch}")
         sizes = [self._location.fs.size(self._location.path(name)) for name in manifest.files]
-        header = {"manifest": manifest.to_json(), "sizes": sizes}
+        digest, start = hashlib.sha256(), 0
+        if 0 < offset <= sum(sizes) and prefix_sha256:
+            prefix = self._digest(manifest.files, sizes, offset)
+            if prefix.hexdigest() == prefix_sha256:
+                digest, start = prefix, offset
+        header: dict[str, Any] = {"manifest": manifest.to_json(), "sizes": sizes, "offset": start}
+        header["mac"] = seal(key, "header", header)
         out.write(json.dumps(header).encode() + b"\n")
-        digests = []
-        for name in manifest.files:
-            digest = hashlib.sha256()
-            with self._location.fs.open(self._location.path(name), "rb") as f:
-                while chunk := f.read(CHUNK):
-                    digest.update(chunk)
-                    out.write(chunk)
-            digests.append(digest.hexdigest())
-        out.write(json.dumps({"sha256": digests}).encode() + b"\n")
+        position = 0
+        for name, size in zip(manifest.files, sizes, strict=True):
+            if position + size > start:
+                skip = max(0, start - position)
+                with self._location.fs.open(self._location.path(name), "rb") as f:
+                    f.seek(skip)
+                    for chunk in _chunks(f, size - skip, name):
+                        digest.update(chunk)
+                        out.write(chunk)
+            position += size
+        trailer = {"sha256": digest.hexdigest(), "header": header["mac"]}
+        out.write(json.dumps({"sha256": trailer["sha256"], "mac": seal(key, "trailer", trailer)}).encode() + b"\n")
         out.flush()
 
-    def receive(self, source: IO[bytes], where: str) -> Manifest:
-        """Reads what `send` wrote, checks every byte, and makes it this home's latest checkpoint.
+    def _digest(self, files: Sequence[str], sizes: Sequence[int], length: int) -> Any:
+        """The SHA-256 of the first `length` bytes of `files` one after the other."""
+        digest = hashlib.sha256()
+        for name, size in zip(files, sizes, strict=True):
+            if length <= 0:
+                break
+            with self._location.fs.open(self._location.path(name), "rb") as f:
+                for chunk in _chunks(f, min(size, length), name):
+                    digest.update(chunk)
+            length -= size
+        return digest
+
+    def hand_over(self, epoch: int, name: str = "", check: Callable[[], None] = lambda: None) -> HandOver:
+        """A hand-over of the checkpoint of `epoch` into this home (see `HandOver`)."""
+        return HandOver(self, epoch, name, check)
+
+
+def _chunks(f: IO[bytes], length: int, name: str) -> Iterator[bytes]:
+    """`length` bytes of `f` in chunks; OSError when the file ends first (it changed under the reader)."""
+    while length:
+        chunk = f.read(min(CHUNK, length))
+        if not chunk:
+            raise OSError(f"{name} ended {length} bytes before its size")
+        length -= len(chunk)
+        yield chunk
+
+
+class HandOver:
+    """The checkpoint of one epoch being received from a peer into a home, resumable after a broken connection.
+
+    What arrives is kept in a staging area, `HOME/.handover-EPOCH/` for a home on a path (the same disk: the files
+    are moved into the home once verified), or a local temporary directory for a `gs://` or `s3://` home (uploaded
+    once verified). The area remembers what arrived: a later `receive` from the same or another peer asks for the
+    rest only (`resume_point`), and the peer sends from there when its own first bytes hash the same. Every byte is
+    checked against the sender's SHA-256 at the end, whichever transfer brought it; a mismatch discards the area.
+    A full disk ends the hand-over with `NoSpaceError` (exit 3) and removes the area; the home's own checkpoint is
+    never touched until the new one is complete.
+
+    Args:
+        home: where the checkpoint goes.
+        epoch: its epoch.
+        name: how log lines name this task (`worker 1`).
+        check: called with every chunk; raises to stop the hand-over (a signal).
+    """
+
+    def __init__(self, home: CheckpointHome, epoch: int, name: str = "", check: Callable[[], None] = lambda: None):
+        self.home = home
+        self.epoch = epoch
+        self.name = name or home.uri
+        self.check = check
+        self.received = 0
+        self.total: int | None = None
+        self.kept = 0
+        self.position = 0
+        self.last_byte = time.monotonic()
+        self._prefix: tuple[int, Any] = (0, hashlib.sha256())
+        if home._location.is_object_store:
+            key = hashlib.sha1(home.uri.encode()).hexdigest()[:16]
+            parent = os.path.join(tempfile.gettempdir(), "trainer-handover", key)
+        else:
+            parent = home._location.root
+        self.area = os.path.join(parent, f"{HANDOVER_PREFIX}{epoch}")
+        with contextlib.suppress(OSError):
+            for entry in os.listdir(parent):
+                if entry.startswith(HANDOVER_PREFIX) and entry != os.path.basename(self.area):
+                    shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+
+    def _plan(self) -> tuple[list[str], list[int]] | None:
+        """The files and sizes an earlier transfer announced, when the area holds its record."""
+        try:
+            with open(os.path.join(self.area, PLAN)) as f:
+                plan = json.load(f)
+            files, sizes = [str(n) for n in plan["files"]], [int(s) for s in plan["sizes"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if len(files) != len(sizes) or any(not _CHECKPOINT_FILE.match(n) for n in files):
+            return None
+        return files, sizes
+
+    def resume_point(self) -> tuple[int, str]:
+        """How many bytes the area holds from an earlier transfer, and their SHA-256 ((0, "") for none)."""
+        digest, offset = hashlib.sha256(), 0
+        plan = self._plan()
+        for name, size in zip(*plan, strict=True) if plan else ():
+            path = os.path.join(self.area, name)
+            have = min(os.path.getsize(path), size) if os.path.exists(path) else 0
+            if have:
+                with open(path, "rb") as f:
+                    for chunk in _chunks(f, have, name):
+                        digest.update(chunk)
+            offset += have
+            if have < size:
+                break
+        self._prefix = (offset, digest)
+        return offset, digest.hexdigest() if offset else ""
+
+    def receive(self, source: IO[bytes], where: str, key: bytes) -> Manifest:
+        """Reads what `send` wrote (from the offset of `resume_point`), checks it, and makes it the home's latest.
 
         Raises:
-            PeerUnavailableError: the stream ended early or does not match its checksums (`where` names the peer).
+            PeerUnavailableError: the stream ended early, is not sealed with `key`, or does not match its checksum
+                (retryable; what arrived intact is kept for the next attempt).
+            NoSpaceError, QuotaError, DeniedError: the staging area or the home cannot take the checkpoint.
         """
+        manifest, sizes, offset = self._header(source, where, key)
+        total = sum(sizes)
+        self.total = total
+        digest = self._prefix[1].copy() if offset else hashlib.sha256()
+        started, self.kept, self.position = time.monotonic(), offset, offset
+        next_line = started + PROGRESS_SECONDS
         try:
-            header = json.loads(source.readline())
+            if not offset:
+                shutil.rmtree(self.area, ignore_errors=True)
+            self._check_space(total - offset, total, where)
+            os.makedirs(self.area, exist_ok=True)
+            write_json(os.path.join(self.area, PLAN), {"files": list(manifest.files), "sizes": sizes})
+            position = 0
+            for name, size in zip(manifest.files, sizes, strict=True):
+                path = os.path.join(self.area, name)
+                if position + size <= offset:
+                    position += size
+                    continue
+                skip = max(0, offset - position)
+                with open(path, "r+b" if skip else "wb") as f:
+                    f.truncate(skip)
+                    f.seek(skip)
+                    left = size - skip
+                    while left:
+                        chunk = self._read(source, min(CHUNK, left), where, position + size - left, total)
+                        f.write(chunk)
+                        digest.update(chunk)
+                        left -= len(chunk)
+                        self.position = position + size - left
+                        self.received += len(chunk)
+                        self.last_byte = now = time.monotonic()
+                        self.check()
+                        if now >= next_line:
+                            next_line = now + PROGRESS_SECONDS
+                            self._progress(where, self.position, total, started, offset)
+                position += size
+            self._trailer(source, where, key, digest)
+            self._install(manifest)
+        except OSError as err:
+            raise self._fault(err, where, total) from None
+        self._progress(where, total, total, started, offset, finished=True)
+        return manifest
+
+    def _read(self, source: IO[bytes], size: int, where: str, done: int, total: int) -> bytes:
+        """The next bytes of the stream; PeerUnavailableError (not the disk's OSError) when it broke."""
+        try:
+            chunk = source.read(size)
+        except OSError as err:
+            chunk, why = b"", f": {err.strerror or err or type(err).__name__}"
+        else:
+            why = ""
+        if not chunk:
+            raise PeerUnavailableError(
+                f"the checkpoint of epoch {self.epoch} from {where} broke off after {_mb(done)} of {_mb(total)}{why}"
+            )
+        return chunk
+
+    def _header(self, source: IO[bytes], where: str, key: bytes) -> tuple[Manifest, list[int], int]:
+        line = source.readline(MAX_HEADER + 1)
+        if not line:
+            raise PeerUnavailableError(
+                f"the peer at {where} closed the connection without sending the checkpoint (it does not take this "
+                "run's secret, or it is stopping)"
+            )
+        try:
+            if len(line) > MAX_HEADER:
+                raise ValueError(f"a header longer than {MAX_HEADER} bytes")
+            header = json.loads(line)
+            if not isinstance(header, dict):
+                raise ValueError("not an object")
             if "error" in header:
                 raise PeerUnavailableError(f"the peer at {where} cannot send it: {header['error']}")
+            if not sealed(key, "header", header):
+                raise ValueError("it is not sealed with the run's secret")
             manifest = Manifest.from_json(header["manifest"])
             sizes = [int(s) for s in header["sizes"]]
+            offset = int(header["offset"])
             if len(sizes) != len(manifest.files) or min(sizes) < 0:
                 raise ValueError(f"{len(sizes)} sizes for {len(manifest.files)} files")
         except (ValueError, KeyError, TypeError) as err:
             raise PeerUnavailableError(f"the checkpoint from {where} has no valid header: {err}") from None
-        digests = []
-        for name, size in zip(manifest.files, sizes, strict=True):
-            digest = hashlib.sha256()
-            with self._location.fs.open(self._location.path(name), "wb") as f:
-                left = size
-                while left:
-                    chunk = source.read(min(CHUNK, left))
-                    if not chunk:
-                        raise PeerUnavailableError(
-                            f"the checkpoint of epoch {manifest.epoch} from {where} ended after "
-                            f"{size - left} of {size} bytes of {name}"
-                        )
-                    digest.update(chunk)
-                    f.write(chunk)
-                    left -= len(chunk)
-            digests.append(digest.hexdigest())
+        if manifest.epoch != self.epoch:
+            raise PeerUnavailableError(f"the peer at {where} sent epoch {manifest.epoch}, not {self.epoch}")
+        if offset and (offset != self._prefix[0] or self._plan() != (list(manifest.files), sizes)):
+            raise PeerUnavailableError(f"the peer at {where} resumes at byte {offset}, which this task did not ask")
+        self._header_mac = header["mac"]
+        return manifest, sizes, offset
+
+    def _trailer(self, source: IO[bytes], where: str, key: bytes, digest: Any) -> None:
         try:
-            trailer = json.loads(source.readline())
-        except ValueError:
+            trailer = json.loads(source.readline(MAX_LINE + 1))
+        except (OSError, ValueError):
             trailer = {}
-        if trailer.get("sha256") != digests:
-            raise PeerUnavailableError(f"the checkpoint of epoch {manifest.epoch} from {where} fails its checksums")
-        return self.commit(manifest.epoch, manifest.epochs)
+        if not isinstance(trailer, dict) or not trailer.get("sha256"):
+            raise PeerUnavailableError(f"the checkpoint of epoch {self.epoch} from {where} ended without its trailer")
+        expected = {"sha256": trailer["sha256"], "header": self._header_mac, "mac": trailer.get("mac")}
+        if not (sealed(key, "trailer", expected) and trailer["sha256"] == digest.hexdigest()):
+            shutil.rmtree(self.area, ignore_errors=True)
+            raise PeerUnavailableError(f"the checkpoint of epoch {self.epoch} from {where} fails its checksum")
+
+    def _install(self, manifest: Manifest) -> None:
+        """Moves (or uploads) the verified files into the home, then records them there."""
+        location = self.home._location
+        for name in manifest.files:
+            source = os.path.join(self.area, name)
+            if location.is_object_store:
+                target = location.path(name)
+                location.call("write", target, lambda s=source, t=target: location.fs.put_file(s, t))
+            else:
+                os.replace(source, location.path(name))
+        self.home.commit(manifest.epoch, manifest.epochs)
+        shutil.rmtree(self.area, ignore_errors=True)
+
+    def _check_space(self, needed: int, total: int, where: str) -> None:
+        parent = self.area
+        while not os.path.isdir(parent):
+            parent = os.path.dirname(parent)
+        free = shutil.disk_usage(parent).free
+        if free < needed:
+            shutil.rmtree(self.area, ignore_errors=True)
+            raise NoSpaceError(
+                f"no space left on the disk of {self.home.uri} for the checkpoint of epoch {self.epoch} from "
+                f"{where}: it needs {needed} bytes ({_mb(total)} in all), {free} are free; free space there or give "
+                "the task a larger volume"
+            )
+
+    def _fault(self, err: OSError, where: str, total: int) -> Exception:
+        """The contract's fault for a local write that failed; the area is removed (it may be what fills the disk)."""
+        shutil.rmtree(self.area, ignore_errors=True)
+        what = f"the disk of {self.home.uri} while receiving the checkpoint of epoch {self.epoch} from {where}"
+        if err.errno == errno.ENOSPC:
+            return NoSpaceError(
+                f"no space left on {what}: it needs {total} bytes ({_mb(total)}), the disk filled after "
+                f"{_mb(self.position)}; the partial copy is removed; free space there or give the task a larger volume"
+            )
+        if err.errno == errno.EDQUOT:
+            return QuotaError(f"the disk quota is exceeded on {what}: it needs {total} bytes ({_mb(total)})")
+        if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return DeniedError(f"{what}: {err.strerror} ({err.filename or self.area})")
+        return StorageFaultError(f"{what}: {err.strerror or err}")
+
+    def _progress(
+        self, where: str, position: int, total: int, started: float, offset: int, finished: bool = False
+    ) -> None:
+        elapsed = max(time.monotonic() - started, 1e-6)
+        rate = (position - offset) / elapsed / 1e6
+        if finished:
+            kept = f"; {_mb(offset)} of it kept from a broken transfer" if offset else ""
+            log.info(
+                "%s: received the checkpoint of epoch %d from %s: %s in %.1f s, %.1f MB/s%s",
+                self.name,
+                self.epoch,
+                where,
+                _mb(total - offset),
+                elapsed,
+                rate,
+                kept,
+            )
+            return
+        log.info(
+            "%s: receiving the checkpoint of epoch %d from %s: %s of %s (%d%%), %.1f MB/s",
+            self.name,
+            self.epoch,
+            where,
+            _mb(position),
+            _mb(total),
+            100 * position // max(total, 1),
+            rate,
+        )
+
+
+def _mb(size: int) -> str:
+    return f"{size / 1e6:.1f} MB"
 
 
 def _epoch_of(name: str) -> int | None:

@@ -14,11 +14,16 @@ stopped politely. The task therefore runs as a child of this small process (no T
   each other's dying clusters. Before each generation they agree on the epoch to resume after
   (`trainer.cluster.resume`); one that lacks that checkpoint fetches it from a peer. Peers that do not answer within
   the start-up timeout end the task (exit 140, not restarted: waiting again does not bring a lost pod back).
+- a hand-over of a checkpoint has its own limit instead of the start-up timeout: it fails only after no byte came
+  for `handover_stall` seconds (60), resumes after a broken connection where it broke, logs its progress every few
+  seconds, and while it runs the peers' start-up watchdogs wait (the fetching supervisor publishes `fetching`);
+  a full disk ends it with exit 3 (not restarted: the disk stays full).
 """
 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import json
 import logging
 import os
@@ -31,7 +36,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from trainer.cluster.control import PEER_POLL_SECONDS, Control
+from trainer.cluster.control import PEER_POLL_SECONDS, SECRET_ENV, STALL_TIMEOUT, Control, check_secret
 from trainer.cluster.peers import unreachable
 from trainer.cluster.resume import CheckpointHome, agree
 from trainer.cluster.tf_config import peers as peers_of
@@ -44,6 +49,7 @@ from trainer.core.errors import (
     PeerFinishedError,
     PeerUnavailableError,
     StartupTimeoutError,
+    StorageFaultError,
     exit_code,
 )
 from trainer.core.processes import shell_code
@@ -77,6 +83,10 @@ def die_with_supervisor() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() != int(supervisor):
         os._exit(EXIT_TERMINATED)
+
+
+class _Stopped(Exception):
+    """A signal arrived while the supervisor was busy outside its watch loop (a hand-over)."""
 
 
 class _Signals:
@@ -130,6 +140,7 @@ class Supervisor:
         formed: Callable[[], bool] | None = None,
         blame_peers: bool = False,
         over: Callable[[], bool] | None = None,
+        handover_stall: float = STALL_TIMEOUT,
     ) -> None:
         """Sets up the supervision; `run` does it.
 
@@ -152,6 +163,8 @@ class Supervisor:
             over: for a child that serves until another task is done (a parameter server of a user's job, which
                 never exits on its own): polled once a second; True stops the child and ends the task with exit 0,
                 an exception stops it and ends the task with the exception's exit code (no restart either way).
+            handover_stall: seconds a checkpoint hand-over may go without receiving a byte, over every broken
+                connection and retry together, before it fails (exit 138). The hand-over has no total deadline.
         """
         self.command = list(command)
         self.env = dict(env)
@@ -165,7 +178,9 @@ class Supervisor:
         self.formed = formed
         self.blame_peers = blame_peers
         self.over = over
+        self.handover_stall = handover_stall
         self._ended: int | None = None
+        self._waited_for: set[tuple[int, str]] = set()
         task = tf_config["task"] if tf_config else {"type": "worker", "index": 0}
         self.name = f"{task['type']} {task['index']}"
 
@@ -177,18 +192,23 @@ class Supervisor:
             while True:
                 deadline = time.monotonic() + self.startup_timeout
                 try:
-                    resume = self._resume_point(generation, deadline)
+                    resume, handed_over = self._resume_point(generation, deadline, signals)
                 except StartupTimeoutError as err:
                     # A peer that did not come back within the start-up timeout is not brought back by waiting again.
                     print(f"error: {self.name}: {err}", file=sys.stderr, flush=True)
                     return exit_code(err)
-                except PeerUnavailableError as err:
+                except (PeerUnavailableError, StorageFaultError) as err:
                     print(f"error: {self.name}: {err}", file=sys.stderr, flush=True)
                     code = exit_code(err)
                 except PeerFinishedError as err:
                     print(f"error: {self.name}: {err}", file=sys.stderr, flush=True)
                     return EXIT_FAILED
+                except _Stopped:
+                    code = EXIT_TERMINATED
                 else:
+                    if handed_over:
+                        # The hand-over had its own limit; forming the cluster gets the whole start-up timeout.
+                        deadline = time.monotonic() + self.startup_timeout
                     code = self._attempt(generation, signals, resume, deadline)
                 if signals.received is not None:
                     return 128 + signals.received
@@ -210,21 +230,25 @@ class Supervisor:
                 )
                 generation = nxt
 
-    def _resume_point(self, generation: int, deadline: float) -> int | None:
+    def _resume_point(self, generation: int, deadline: float, signals: _Signals) -> tuple[int | None, bool]:
         """With a control channel: waits for the peers and agrees with them on the epoch to resume after.
 
-        A task whose latest checkpoint is older than the agreed one fetches it from a peer first. Without a control
-        channel (one process, or no restarts) the training process resumes from its own latest checkpoint: None.
+        A task whose latest checkpoint is older than the agreed one fetches it from a peer first (`_hand_over`).
+        Without a control channel (one process, or no restarts) the training process resumes from its own latest
+        checkpoint: None.
+
+        Returns:
+            The epoch to resume after (None: the process's own latest), and whether a checkpoint was handed over.
         """
         if not self.control:
-            return None
+            return None, False
         self.control.set(generation, "starting")
         peers = self.control.barrier(generation, deadline)
         own = self.home.epoch() if self.home else 0
         epoch, source = agree(own, {a: s.checkpoint for a, s in peers.items()})
         if source and self.home:
-            log.info("%s: fetching the checkpoint of epoch %d from the supervisor at %s", self.name, epoch, source)
-            self.control.fetch(source, epoch, self.home.receive)
+            self.control.set(generation, "fetching")
+            self._hand_over(epoch, [a for a, s in peers.items() if s.checkpoint == epoch], signals)
         if epoch:
             how = f"handed over by {source}" if source else "its own"
             log.info("%s: generation %d resumes after epoch %d (checkpoint: %s)", self.name, generation, epoch, how)
@@ -232,7 +256,51 @@ class Supervisor:
             log.info(
                 "%s: generation %d: no worker holds a checkpoint, so all start again at epoch 1", self.name, generation
             )
-        return epoch
+        return epoch, bool(source and self.home)
+
+    def _hand_over(self, epoch: int, sources: Sequence[str], signals: _Signals) -> None:
+        """Receives the checkpoint of `epoch` from one of `sources`, resuming after every broken connection.
+
+        Its limit is its own, not the start-up timeout: it fails (PeerUnavailableError, 138) only once no byte has
+        arrived for `handover_stall` seconds, however long the whole takes. Progress lines every few seconds.
+
+        Raises:
+            PeerUnavailableError: no byte for `handover_stall` seconds.
+            NoSpaceError: the home's disk cannot take it (exit 3, not restarted).
+            _Stopped: SIGTERM or SIGINT arrived.
+        """
+        assert self.control and self.home
+
+        def check() -> None:
+            if signals.received is not None:
+                raise _Stopped
+
+        handover = self.home.hand_over(epoch, self.name, check)
+        for attempt in itertools.count():
+            source = sources[attempt % len(sources)]
+            offset, prefix = handover.resume_point()
+            log.info(
+                "%s: fetching the checkpoint of epoch %d from the supervisor at %s%s",
+                self.name,
+                epoch,
+                source,
+                f" from byte {offset} on (kept from a broken transfer)" if offset else "",
+            )
+            try:
+                self.control.fetch(source, epoch, handover.receive, (offset, prefix), self.handover_stall)
+                return
+            except PeerUnavailableError as err:
+                idle = time.monotonic() - handover.last_byte
+                if idle >= self.handover_stall:
+                    raise PeerUnavailableError(
+                        f"the hand-over of the checkpoint of epoch {epoch} stalled: no byte for {idle:.0f}s "
+                        f"(limit {self.handover_stall:g}s) after {handover.received} bytes; last: {err}"
+                    ) from None
+                log.warning("%s: %s; resuming the hand-over", self.name, err)
+            retry = time.monotonic() + PEER_POLL_SECONDS
+            while time.monotonic() < retry:
+                check()
+                time.sleep(POLL_SECONDS)
 
     def _attempt(self, generation: int, signals: _Signals, resume: int | None, deadline: float) -> int:
         read_fd, write_fd = os.pipe()
@@ -282,6 +350,8 @@ class Supervisor:
                 formed = True
                 if self.control:
                     self.control.set(generation, "formed")
+            if not formed and now > deadline and self._handing_over(generation, refresh=True):
+                deadline = now + self.startup_timeout
             if not formed and now > deadline:
                 self._startup_timeout()
                 _stop(child, 0)
@@ -289,6 +359,8 @@ class Supervisor:
             if self.control and now >= next_peer_check:
                 next_peer_check = now + PEER_POLL_SECONDS
                 peer = self.control.failed_peer(generation)
+                if not formed and self._handing_over(generation):
+                    deadline = max(deadline, now + self.startup_timeout)
                 if peer:
                     print(
                         f"error: {self.name}: the supervisor at {peer} reports its training process failed or "
@@ -298,6 +370,26 @@ class Supervisor:
                     )
                     _stop(child, self.grace)
                     return EXIT_PEER_UNAVAILABLE
+
+    def _handing_over(self, generation: int, refresh: bool = False) -> bool:
+        """Whether a peer is receiving a checkpoint for this generation.
+
+        Such a peer joins once it has it, so the start-up watchdog counts from then. With `refresh` the peers are
+        asked now rather than going by their last answers.
+        """
+        if not self.control:
+            return False
+        if refresh:
+            self.control.peer_states()
+        peer = self.control.fetching_peer(generation)
+        if peer and (generation, peer) not in self._waited_for:
+            self._waited_for.add((generation, peer))
+            log.info(
+                "%s: the supervisor at %s is receiving a checkpoint; the start-up watchdog waits for it",
+                self.name,
+                peer,
+            )
+        return peer is not None
 
     def _over(self) -> int | None:
         """The task's exit code once `over` says the job is over (0) or raises (its code); None meanwhile."""
@@ -347,6 +439,7 @@ def supervise(
     tf_config: Mapping[str, Any],
     control_spec: Mapping[str, Sequence[str]] | None = None,
     env: Mapping[str, str] | None = None,
+    secret: str = "",
 ) -> int:
     """Runs the training task `tf_config` describes in a supervised child process; returns its exit code.
 
@@ -356,15 +449,23 @@ def supervise(
         control_spec: the supervisors' control addresses, shaped like the cluster; with it (and restarts allowed)
             the workers converge on each restart and agree on the epoch to resume after.
         env: the child's environment (default: this process's).
+        secret: the run's control secret (the cluster record's); empty: `TRAINER_CONTROL_SECRET` of `env`, which
+            the child does not inherit.
+
+    Raises:
+        UsageError: the control channel is needed and no secret of the run is given.
     """
     from trainer.cluster.resume import home_for
 
     child_env = dict(os.environ if env is None else env, **{CONFIG_ENV: json.dumps(config.to_dict())})
     control = None
+    secret = secret or child_env.pop(SECRET_ENV, "")
+    child_env.pop(SECRET_ENV, None)
     home = None
     if control_spec and config.cluster.max_restarts and config.cluster.strategy == "multi_worker_mirrored":
         home = home_for(config, tf_config)
-        control = Control.of_task(control_spec, tf_config, home.epoch, home.send)
+        secret = check_secret(secret, f"the environment variable {SECRET_ENV}")
+        control = Control.of_task(control_spec, tf_config, home.epoch, home.send, secret=secret)
     try:
         return Supervisor(
             [sys.executable, "-m", "trainer.training.task"],

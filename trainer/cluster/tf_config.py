@@ -35,11 +35,18 @@ def split_address(address: str) -> tuple[str, int]:
             ipaddress.IPv6Address(host[1:-1])
         except ValueError:
             raise UsageError(f"address {address!r} has an invalid IPv6 host {host!r}") from None
+    elif ":" in host:
+        raise UsageError(f"address {address!r}: an IPv6 host goes in brackets, as in [::1]:2222")
     elif not _HOSTNAME.match(host):
         raise UsageError(f"address {address!r} has an invalid host {host!r} (a DNS name or an IP address)")
     if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
         raise UsageError(f"address {address!r} has port {port_text!r}; allowed: an integer from 1 to 65535")
     return host, int(port_text)
+
+
+def connect_host(host: str) -> str:
+    """The host of `split_address` as sockets take it: an IPv6 literal without its brackets (`[::1]` -> `::1`)."""
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
 def next_port(address: str) -> str:

@@ -56,7 +56,8 @@ def create_job_cluster(
     """Gives every task of a job an address and a control address and writes cluster.json (as `create_cluster`).
 
     The Evaluator is in the cluster of TF_CONFIG, as the operator put it there (`genClusterSpec`); its control
-    address is never served or asked (it never restarts with the training tasks).
+    address is never served or asked (it never restarts with the training tasks). The record holds a fresh secret
+    for the job's control channel.
     """
     from trainer.cluster.local import free_ports
     from trainer.k8s import objects as k8s
@@ -79,7 +80,7 @@ def create_job_cluster(
         cluster, spec = {"chief": cluster["chief"]}, {"chief": spec["chief"]}
     if evaluator:
         cluster["evaluator"], spec["evaluator"] = addresses[training:], control[training:]
-    record = ClusterRecord(cluster, spec, cluster_mode)
+    record = ClusterRecord.new(cluster, spec, cluster_mode)
     record.write(output_dir)
     return record
 
@@ -276,7 +277,7 @@ def command_task(
     servers = "ps" in record.cluster
     together = distributed and record.control and max_restarts and not servers and not evaluator
     training_control = {job: a for job, a in record.control.items() if job != "evaluator"}
-    control = Control.of_task(training_control, tf_config) if together else None
+    control = Control.of_task(training_control, tf_config, secret=record.secret) if together else None
     chief = cluster_lib.is_chief(tf_config) and not evaluator
     store = open_status(status_uri(cluster_mode, run_id), run_id) if distributed else None
     # Its clocks start at its first read, once this task has joined the cluster.

@@ -73,8 +73,11 @@ _TRANSIENT_TYPES = {
     ("botocore.exceptions", "HTTPClientError"),
     ("botocore.exceptions", "ConnectionError"),
     ("botocore.exceptions", "ResponseParserError"),
-    ("aiohttp.client_exceptions", "ClientError"),
-    ("requests.exceptions", "RequestException"),
+    ("aiohttp.client_exceptions", "ClientConnectionError"),
+    ("aiohttp.client_exceptions", "ClientPayloadError"),
+    ("requests.exceptions", "ConnectionError"),
+    ("requests.exceptions", "Timeout"),
+    ("requests.exceptions", "ChunkedEncodingError"),
     ("http.client", "IncompleteRead"),
     ("fsspec.exceptions", "FSTimeoutError"),
 }
@@ -180,6 +183,12 @@ def _detail(text: str) -> str:
 
 def _s3_fault(err: BaseException) -> tuple[type[StorageFaultError], str, str] | None:
     for cause in _chain(err):
+        if _is_any(cause, {("botocore.exceptions", "NoCredentialsError")}):
+            return (
+                DeniedError,
+                "no credentials found",
+                "give the task AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (a Secret) or an IAM role",
+            )
         response = getattr(cause, "response", None)
         if not (isinstance(response, dict) and "Error" in response):
             continue
@@ -208,6 +217,8 @@ def _gcs_fault(err: BaseException) -> tuple[type[StorageFaultError], str, str] |
             reasons = " ".join(str(e.get("reason", "")) for e in response.get("errors", []) if isinstance(e, dict))
             name = _detail(f"{code}: {getattr(cause, 'message', '') or cause} {reasons}".strip())
             return _http_fault(code, name, reasons)
+        if module.startswith("aiohttp") and isinstance(getattr(cause, "status", None), int):
+            return _http_fault(cause.status, _detail(f"{cause.status}: {getattr(cause, 'message', '')}"), "")
         if module.startswith("google.api_core") and isinstance(getattr(cause, "code", None), int):
             name = _detail(f"{cause.code}: {getattr(cause, 'message', '') or cause} {getattr(cause, 'reason', '')}")
             return _http_fault(cause.code, name, str(getattr(cause, "reason", "") or ""))

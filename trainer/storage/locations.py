@@ -131,8 +131,9 @@ class Location:
         try:
             return faults.retrying(operation, self._what(kind, key), client_retried=self._client_retried)
         except DeniedError as fault:
-            if self.is_object_store and fault.__cause__ is not None:
-                raise self._denied(fault.__cause__, kind, key) from None
+            refusal = fault.__cause__
+            if self.is_object_store and refusal is not None and (_code(refusal) or _forbidden(refusal)):
+                raise self._denied(refusal, kind, key) from None
             raise
         except (UsageError, ServiceError):
             raise
@@ -166,7 +167,7 @@ class Location:
 
     def _denied(self, err: BaseException, kind: str, key: str) -> DeniedError:
         """The refusal's line: bucket, key, what the credentials lack, and which credentials."""
-        code = _code(err) or ("403" if str(err).startswith("Forbidden: ") else "")
+        code = _code(err) or ("403" if _forbidden(err) else "")
         permission = PERMISSIONS[self.scheme][kind]
         why = "access denied"
         if self.scheme == "s3":
@@ -269,3 +270,8 @@ def _code(err: BaseException) -> str:
         if isinstance(code, int):
             return str(code)
     return ""
+
+
+def _forbidden(err: BaseException) -> bool:
+    """Whether `err` is gcsfs's form of a GCS 403 (an OSError "Forbidden: URL\nMESSAGE")."""
+    return type(err) is OSError and str(err).startswith("Forbidden: ")
