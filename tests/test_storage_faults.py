@@ -154,8 +154,8 @@ def test_a_read_only_volume_is_denied_with_exit_4_and_left_unchanged(tmp_path, c
             write_json(str(disk / "history.json"), {})
 
 
-def test_an_immutable_directory_is_denied_even_to_root(tmp_path):
-    home = tmp_path / "home"
+def test_an_immutable_directory_is_denied_even_to_root(small_disk, tmp_path):
+    home = small_disk / "home"
     home.mkdir()
     subprocess.run(["chattr", "+i", str(home)], check=True)
     try:
