@@ -188,8 +188,8 @@ CASES = {
         "is not writable",
     ),
     "unwritable TensorBoard directory": lambda b, s: (
-        *_train(b, s, "--tensorboard-dir", str(b / "a-file" / "tb")),
-        "output location " + repr(str(b / "a-file" / "tb" / "train")) + " is not writable",
+        *_train(b, s, "--tensorboard-dir", str(b / "a-file" / "tb"), "--run-id", "night-1"),
+        "output location " + repr(str(b / "a-file" / "tb" / "night-1" / "train")) + " is not writable",
     ),
     # trainer-prepare
     "unknown TFDS name": lambda b, s: (

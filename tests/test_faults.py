@@ -15,6 +15,7 @@ import pytest
 from tests.conftest import ROOT, trainer_args
 from trainer.cluster.local import free_ports
 from trainer.cluster.tf_config import build_tf_config
+from trainer.core.runs import run_key
 from trainer.evaluation.metrics import run as evaluate
 from trainer.training.history import History
 
@@ -156,7 +157,7 @@ def test_a_run_survives_a_killed_training_process_a_lost_worker_and_a_lost_chief
     checkpoints deleted (its replacement gets worker 1's copy). Every worker resumes after the last finished epoch
     and the model matches the undisturbed run's (`undisturbed_two_workers`: the same 10 epochs, no fault)."""
     model, checkpoints = tmp_path / "model", tmp_path / "checkpoints"
-    args = trainer_args(sample_data, model, "--epochs", "10", "--checkpoint-dir", str(checkpoints))
+    args = trainer_args(sample_data, model, "--epochs", "10", "--checkpoint-dir", str(checkpoints), "--run-id", "f-1")
     launcher = launch("--workers", "2", "--max-restarts", "3", "--", *args)
     try:
         pids = {i: int(launcher.wait_for(rf"started worker {i} \(pid (\d+)\)", 60).group(1)) for i in (0, 1)}
@@ -172,7 +173,7 @@ def test_a_run_survives_a_killed_training_process_a_lost_worker_and_a_lost_chief
             launcher.wait_for(rf"^\[worker {worker}\] .*resuming from the checkpoint: epochs 1-5 are done", 180)
         launcher.wait_for(r"^\[worker 0\] .*epoch 8: ", 180)
         os.kill(pids[0], signal.SIGKILL)
-        shutil.rmtree(checkpoints / "worker-0")  # the replaced pod's disk is empty
+        shutil.rmtree(checkpoints / run_key("f-1") / "worker-0")  # the replaced pod's disk is empty
         code = launcher.finish(400)
     finally:
         launcher.kill()

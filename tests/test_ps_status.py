@@ -15,7 +15,6 @@ from tests.conftest import trainer_args
 from tests.standins.kube import Call, KubeStandIn, write_kubeconfig
 from tests.test_faults import launch
 from tests.test_parameter_server import _processes_alive, kill_one
-from trainer import steps
 from trainer.config.contract import ClusterConfig, RuntimeConfig, TrainConfig
 from trainer.core.errors import EXIT_PEER_UNAVAILABLE, ChiefFailedError, KubernetesError, PeerUnavailableError
 from trainer.evaluation.metrics import run as evaluate
@@ -108,14 +107,12 @@ def test_a_forbidden_configmap_is_one_line_naming_verb_and_resource(httpserver, 
         ps.StatusPublisher(_store(httpserver.url_for("").rstrip("/"))).__enter__()
 
 
-def test_kubernetes_mode_puts_the_status_on_the_runs_configmap_and_a_given_uri_wins():
+def test_kubernetes_mode_puts_the_status_on_the_runs_configmap_and_a_given_uri_is_made_the_runs_own():
     runtime = RuntimeConfig(data_dir="d", model_dir="m", run_id=RUN_ID)
     config = TrainConfig(runtime, cluster=ClusterConfig(strategy="parameter_server", cluster_mode="kubernetes"))
-    assert steps._storage_defaults(config).runtime.status_uri == f"configmap:tfw-{k8s.run_key(RUN_ID)}-status"
-    assert steps._storage_defaults(config.replace(status_uri="gs://b/s.json")).runtime.status_uri == "gs://b/s.json"
-    assert steps._storage_defaults(config.replace(cluster_mode="local")).runtime.status_uri == ""
-    mirrored = config.replace(strategy="multi_worker_mirrored")
-    assert steps._storage_defaults(mirrored).runtime.status_uri == ""
+    assert ps.status_uri(config) == f"configmap:tfw-{k8s.run_key(RUN_ID)}-status"
+    assert ps.status_uri(config.replace(status_uri="gs://b/s.json")) == f"gs://b/{k8s.run_key(RUN_ID)}/s.json"
+    assert ps.status_uri(config.replace(cluster_mode="local")) == "m.status.json"
 
 
 def _kubeconfig(tmp_path, url):

@@ -9,6 +9,7 @@ from pipelines.cli import compile_pipeline
 from pipelines.storage import StorageSettings
 from tests.conftest import IMAGE
 from tests.standins.kube import KubeStandIn, write_kubeconfig
+from trainer.cluster.resume import home_for
 from trainer.config.contract import RuntimeConfig, TrainConfig
 from trainer.core.errors import UsageError
 from trainer.k8s import claims as checkpoints
@@ -42,15 +43,21 @@ def test_a_read_write_once_claim_is_refused_with_the_reason(api):
         checkpoints.check_claim("nope", api)
 
 
+TWO_WORKERS_1 = {"cluster": {"worker": ["a:2222", "b:2222"]}, "task": {"type": "worker", "index": 1}}
+
+
 def test_workers_checkpoint_on_the_mounted_claim_per_run(api, tmp_path, monkeypatch):
     config = TrainConfig(RuntimeConfig(data_dir="d", model_dir="m", run_id=RUN_ID, checkpoint_claim="shared"))
     monkeypatch.setattr(checkpoints, "MOUNT", str(tmp_path / "absent"))
     with pytest.raises(UsageError, match="nothing is mounted at .*compile the pipeline with --checkpoint-volume"):
         checkpoints.on_claim(config, api)
     monkeypatch.setattr(checkpoints, "MOUNT", str(tmp_path))
-    assert checkpoints.on_claim(config, api).runtime.checkpoint_dir == f"{tmp_path}/{k8s.run_key(RUN_ID)}"
-    chosen = config.replace(checkpoint_dir=f"{tmp_path}/mine")
-    assert checkpoints.on_claim(chosen, api).runtime.checkpoint_dir == f"{tmp_path}/mine"
+    on_claim = checkpoints.on_claim(config, api)
+    assert on_claim.runtime.checkpoint_dir == str(tmp_path)
+    assert home_for(on_claim, TWO_WORKERS_1).uri == f"{tmp_path}/{k8s.run_key(RUN_ID)}/worker-1"
+    chosen = checkpoints.on_claim(config.replace(checkpoint_dir=f"{tmp_path}/mine"), api)
+    assert chosen.runtime.checkpoint_dir == f"{tmp_path}/mine"
+    assert home_for(chosen, TWO_WORKERS_1).uri == f"{tmp_path}/mine/{k8s.run_key(RUN_ID)}/worker-1", "keyed too"
     assert checkpoints.on_claim(config.replace(checkpoint_claim=""), api).runtime.checkpoint_dir == ""
 
 

@@ -17,6 +17,7 @@ from trainer.core.errors import UsageError
 
 EXAMPLE = ROOT / "pipelines" / "tfjob_example" / "tfjob.yaml"
 IMAGE = "registry.example.com/team/kfp-tf-multiworker:0.1.0"
+SECRET = "0" * 64
 
 
 def _example():
@@ -354,7 +355,10 @@ def test_under_exit_code_a_failure_beside_a_failed_peer_is_a_lost_peer(tmp_path,
     from trainer.core.errors import EXIT_PEER_UNAVAILABLE
 
     ports = free_ports(2)
-    own, peer = Control(ports[0], [f"localhost:{ports[1]}"]), Control(ports[1], [f"localhost:{ports[0]}"])
+    own, peer = (
+        Control(ports[0], [f"localhost:{ports[1]}"], secret=SECRET),
+        Control(ports[1], [f"localhost:{ports[0]}"], secret=SECRET),
+    )
     peer.set(0, "running")
     supervisor = Supervisor(
         _exits_with_one(tmp_path),
@@ -506,8 +510,8 @@ def test_a_finished_peer_is_finished_not_lost_and_a_restart_does_not_wait_for_it
     from trainer.core.errors import PeerFinishedError
 
     ports = free_ports(3)
-    own = Control(ports[0], [f"localhost:{ports[1]}", f"localhost:{ports[2]}"])
-    done, running = Control(ports[1], []), Control(ports[2], [])
+    own = Control(ports[0], [f"localhost:{ports[1]}", f"localhost:{ports[2]}"], secret=SECRET)
+    done, running = Control(ports[1], [], secret=SECRET), Control(ports[2], [], secret=SECRET)
     try:
         done.set(0, "done")
         running.set(0, "formed")

@@ -21,6 +21,7 @@ from trainer.cli import run_cli
 from trainer.cluster import local
 from trainer.config.flags import Parser
 from trainer.core.errors import UsageError
+from trainer.core.runs import new_run_id
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,10 @@ def _launch(args: argparse.Namespace, rest: list[str]) -> int:
         rest = [*rest, "--strategy", "parameter_server"]
     if args.max_restarts:
         rest = [*rest, "--max-restarts", str(args.max_restarts)]
+    if not any(arg == "--run-id" or arg.startswith("--run-id=") for arg in rest):
+        run_id = new_run_id()
+        log.info("run id %s (pass --run-id %s to resume this run's checkpoints in a later launch)", run_id, run_id)
+        rest = [*rest, "--run-id", run_id]
     group = local.WorkerGroup(
         [sys.executable, "-m", "trainer.train", *rest],
         cluster,

@@ -74,7 +74,7 @@ def create_cluster(
 
 
 def _storage_defaults(config: TrainConfig) -> TrainConfig:
-    """Kubernetes mode: the parameter-server status on a ConfigMap of the run, checkpoints on the claim or in the pod.
+    """Kubernetes mode: checkpoints on the claim, or in the pod.
 
     Without a claim or a `checkpoint_dir`, checkpoints stay in the pod's own temporary directory: a replaced pod
     starts without them and a survivor hands its copy over (`trainer.cluster.resume`).
@@ -82,18 +82,12 @@ def _storage_defaults(config: TrainConfig) -> TrainConfig:
     import tempfile
 
     from trainer.k8s import claims as checkpoints
-    from trainer.k8s import objects as k8s
-    from trainer.k8s import status as configmap_status
-    from trainer.storage import status
 
     if config.cluster.cluster_mode != "kubernetes":
         return config
-    if config.cluster.strategy == "parameter_server" and not config.runtime.status_uri:
-        config = config.replace(status_uri=status.CONFIGMAP + configmap_status.configmap_name(config.runtime.run_id))
     config = checkpoints.on_claim(config)
     if not config.runtime.checkpoint_dir:
-        pod_local = os.path.join(tempfile.gettempdir(), "tf-checkpoints", k8s.run_key(config.runtime.run_id))
-        config = config.replace(checkpoint_dir=pod_local)
+        config = config.replace(checkpoint_dir=os.path.join(tempfile.gettempdir(), "tf-checkpoints"))
     return config
 
 

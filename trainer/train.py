@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from typing import Any
@@ -29,6 +30,9 @@ from trainer.config.contract import (
 )
 from trainer.config.flags import Parser, add_settings, settings_from
 from trainer.core.errors import UsageError
+from trainer.core.runs import new_run_id
+
+log = logging.getLogger(__name__)
 
 SETTINGS = {
     "data and model": (
@@ -109,10 +113,19 @@ def run(config: TrainConfig, tf_config: dict[str, Any] | None, control_text: str
     `control_text` is `TRAINER_CONTROL`; the supervisors' control addresses matter only to mirrored workers that may
     restart (`trainer.cluster.control.addresses`).
     """
+    from trainer.cluster.resume import checkpoint_root, clean_before_training
     from trainer.training.task import check_topology, run_task
 
     check_topology(config, tf_config)
+    if not config.runtime.run_id:
+        config = config.replace(run_id=new_run_id())
+        log.info(
+            "run id %s (generated: pass --run-id %s to resume this run's checkpoints in a later process)",
+            config.runtime.run_id,
+            config.runtime.run_id,
+        )
     if not tf_config or len(cluster_lib.task_order(tf_config["cluster"])) == 1:
+        clean_before_training(checkpoint_root(config), config.runtime.run_id, tf_config)
         return run_task(config, tf_config)
     from trainer.cluster.supervisor import supervise
 

@@ -1,7 +1,7 @@
 """Where a training task keeps its latest epoch checkpoint, and how a task without one gets a peer's copy.
 
 Every worker of a MultiWorkerMirroredStrategy cluster holds the same variables, so each keeps its own copy of the
-latest checkpoint in its *home*, `ROOT/<task>` (for example `/tmp/tf-checkpoints/r1a2b3c4d5/worker-1`):
+latest checkpoint in its *home*, `ROOT/<run key>/<task>` (for example `/mnt/checkpoints/r1a2b3c4d5/worker-1`):
 
     ROOT/worker-1/ckpt-3.index, ckpt-3.data-00000-of-00001   TensorFlow's checkpoint after epoch 3
     ROOT/worker-1/resume.json   {"epoch": 3, "prefix": "ckpt-3", "files": [...], "epochs": [per-epoch results]}
@@ -11,7 +11,13 @@ Before every (re)start of a cluster the workers' supervisors agree on where to r
 them holds (`agree`). A task that lacks it (a replaced pod starts with an empty disk) receives it from a peer that
 has it over the run's control channel (`send` / `HandOver`, resumed after a broken connection), so all resume from
 the same epoch. When no task has one, all start again from epoch 1. ROOT is `checkpoint_dir` (a volume or `gs://`
-keeps it when a pod is lost), else a directory inside the pod. No TensorFlow here: the supervisor uses it.
+keeps it when a pod is lost), else a directory inside the pod.
+
+The run key (`trainer.core.runs`) keeps runs that share a ROOT apart: a restarted or replaced task of the same run
+finds its home again, a new run (the next scheduled night, a re-submit, a concurrent trial) starts from epoch 1 and
+never touches another run's files. A successful run removes its own directory; what a failed or cancelled run left
+is removed by the first task of a later run once nothing in it has been written for `STALE_AFTER_SECONDS`
+(`clean_leftovers`). No TensorFlow here: the supervisor uses it.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from trainer.core.errors import (
     StorageFaultError,
 )
 from trainer.core.files import write_json
+from trainer.core.runs import is_run_key, run_key
 from trainer.storage.locations import Location
 
 log = logging.getLogger(__name__)
@@ -49,6 +56,8 @@ HANDOVER_PREFIX = ".handover-"
 PLAN = "plan.json"
 MAX_HEADER = 1 << 20
 PROGRESS_SECONDS = 5.0
+STALE_AFTER_SECONDS = 24 * 3600
+_TASK_DIR = re.compile(r"^(chief|worker|ps|evaluator)-\d+$")
 _CHECKPOINT_FILE = re.compile(r"^ckpt-(\d+)\.(index|data-\d{5}-of-\d{5})$")
 
 
@@ -133,11 +142,18 @@ class CheckpointHome:
         return manifest
 
     def clear(self, remove_root: bool = False) -> None:
-        """Removes the home and everything in it (after a successful run); with `remove_root`, its root if empty."""
+        """Removes the home and everything in it (after a successful run), then the run's directory once empty.
+
+        With `remove_root`, also ROOT when empty (a default ROOT this run made).
+        """
         self._location.remove()
-        if remove_root and not self._location.is_object_store:
+        if self._location.is_object_store:
+            return
+        parent = os.path.dirname(self._location.root)
+        empty = [parent] if is_run_key(os.path.basename(parent)) else []
+        for directory in [*empty, os.path.dirname(empty[0]) if empty else parent] if remove_root else empty:
             with contextlib.suppress(OSError):
-                os.rmdir(os.path.dirname(self._location.root))
+                os.rmdir(directory)
 
     def send(self, epoch: int, out: IO[bytes], key: bytes, offset: int = 0, prefix_sha256: str = "") -> None:
         """Writes the checkpoint of `epoch` to `out`: a JSON header line, the files' bytes, a JSON trailer line.
@@ -477,7 +493,91 @@ def agree(own: int, peers: Mapping[str, int | None]) -> tuple[int, str | None]:
     return target, next(address for address, e in peers.items() if (e or 0) == target)
 
 
+def checkpoint_root(config: Any) -> str:
+    """ROOT: `checkpoint_dir` as the user or the step's defaults set it, else `MODEL_DIR.backup`."""
+    return (config.runtime.checkpoint_dir or f"{config.runtime.model_dir.rstrip('/')}.backup").rstrip("/")
+
+
 def home_for(config: Any, tf_config: Mapping[str, Any] | None) -> CheckpointHome:
-    """This task's home: `ROOT/<task>`, ROOT being `checkpoint_dir`, else `MODEL_DIR.backup`."""
-    root = config.runtime.checkpoint_dir or f"{config.runtime.model_dir.rstrip('/')}.backup"
-    return CheckpointHome(f"{root.rstrip('/')}/{task_dir(tf_config)}")
+    """This task's home: `ROOT/<run key>/<task>`."""
+    return CheckpointHome(f"{checkpoint_root(config)}/{run_key(config.runtime.run_id)}/{task_dir(tf_config)}")
+
+
+def clean_leftovers(root: str, run_id: str, now: float, stale_after: float = STALE_AFTER_SECONDS) -> list[str]:
+    """Removes what other runs left under ROOT once nothing in it has been written for `stale_after` seconds.
+
+    Only this project's own entries are touched: run directories (`r` + 10 hex digits) and task homes of the layout
+    before run keys (`worker-0`, ...). A younger one may belong to a run still training and is kept (and logged).
+
+    Args:
+        root: ROOT, a path or `gs://` prefix.
+        run_id: this run's id; its own directory is never touched.
+        now: the current Unix time.
+        stale_after: the age, in seconds since the last write, from which a leftover is removed.
+
+    Returns:
+        The names removed.
+    """
+    location = Location(root)
+    own = run_key(run_id)
+    removed = []
+    for name in location.children():
+        if name == own or not (is_run_key(name) or _TASK_DIR.match(name)):
+            continue
+        written = _last_written(location, name)
+        age = now - written if written is not None else float("inf")
+        if age < stale_after:
+            log.info(
+                "kept %s: another run's checkpoints, last written %.1f h ago (removed once %.0f h old)",
+                location.uri_of(name),
+                age / 3600,
+                stale_after / 3600,
+            )
+            continue
+        location.remove(name)
+        removed.append(name)
+        log.info(
+            "removed %s: a finished or failed run's checkpoints, last written %s",
+            location.uri_of(name),
+            f"{age / 3600:.1f} h ago" if written is not None else "at an unknown time (it holds no file)",
+        )
+    return removed
+
+
+def clean_before_training(root: str, run_id: str, tf_config: Mapping[str, Any] | None) -> None:
+    """The first task of a run (the chief, else worker 0) removes other runs' stale leftovers under ROOT.
+
+    A store that cannot be listed leaves them, with a warning: this run's own training does not depend on it.
+    """
+    import time
+
+    from trainer.cluster.tf_config import is_chief
+    from trainer.core.errors import ServiceError
+
+    if tf_config and not is_chief(tf_config):
+        return
+    try:
+        clean_leftovers(root, run_id, time.time())
+    except (OSError, ServiceError) as err:
+        log.warning("could not look for other runs' leftovers under %s: %s", root, err)
+
+
+def _last_written(location: Location, name: str) -> float | None:
+    """The newest modification time (Unix seconds) of any file under `name`, or None when it holds no file."""
+    found = location.fs.find(location.path(name), detail=True)
+    times = [t for info in found.values() if (t := _modified(info)) is not None]
+    return max(times) if times else None
+
+
+def _modified(info: Mapping[str, Any]) -> float | None:
+    """A file's modification time from fsspec's info: `mtime` (local), `updated` (gcsfs), `LastModified` (s3fs)."""
+    import datetime
+
+    value = info.get("mtime", info.get("updated", info.get("LastModified")))
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, datetime.datetime):
+        return value.timestamp()
+    if isinstance(value, str):
+        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    return None

@@ -455,16 +455,17 @@ def supervise(
     Raises:
         UsageError: the control channel is needed and no secret of the run is given.
     """
-    from trainer.cluster.resume import home_for
+    from trainer.cluster.resume import checkpoint_root, clean_before_training, home_for
 
+    clean_before_training(checkpoint_root(config), config.runtime.run_id, tf_config)
     child_env = dict(os.environ if env is None else env, **{CONFIG_ENV: json.dumps(config.to_dict())})
-    control = None
     secret = secret or child_env.pop(SECRET_ENV, "")
     child_env.pop(SECRET_ENV, None)
+    control = None
     home = None
     if control_spec and config.cluster.max_restarts and config.cluster.strategy == "multi_worker_mirrored":
-        home = home_for(config, tf_config)
         secret = check_secret(secret, f"the environment variable {SECRET_ENV}")
+        home = home_for(config, tf_config)
         control = Control.of_task(control_spec, tf_config, home.epoch, home.send, secret=secret)
     try:
         return Supervisor(

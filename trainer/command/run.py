@@ -8,8 +8,9 @@ TensorFlow threads sized to the pod's CPU. Its environment also names where to w
 - `MODEL_DIR`: this task's model directory (the step's Model artifact); the chief's SavedModel goes to
   `saved_model` (default `$(MODEL_DIR)/saved_model`), and a `$(MODEL_DIR)/metrics.json` of numbers is recorded and
   used by publishing;
-- `CHECKPOINT_DIR`: `checkpoint_dir` when set (a claim or a bucket every task shares), else a directory on the
-  task's own disk (kept across restarts in place, not across a lost pod; docs/migrate-from-tfjob.md).
+- `CHECKPOINT_DIR`: this run's own directory, `ROOT/<run key>`, under `checkpoint_dir` when set (a claim or a bucket
+  every task shares), else under a directory on the task's own disk (kept across restarts in place, not across a
+  lost pod; docs/migrate-from-tfjob.md). A later run with the same `checkpoint_dir` gets a directory of its own.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 
 from trainer.cluster import tf_config as cluster_lib
 from trainer.cluster.record import ClusterRecord
+from trainer.cluster.resume import clean_before_training
 from trainer.command import tfjob
 from trainer.command.exec import WORKDIR_ENV
 from trainer.command.record import JobRecord, reported_metrics
@@ -33,6 +35,7 @@ from trainer.config import registry as settings
 from trainer.core import cpus
 from trainer.core.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, RETRYABLE_EXIT_CODES, TaskFailedError, UsageError
 from trainer.core.files import write_json
+from trainer.core.runs import run_key
 
 log = logging.getLogger(__name__)
 
@@ -109,13 +112,18 @@ def task_environment(
     return env
 
 
-def _checkpoint_dir(checkpoint_dir: str, run_id: str) -> str:
-    """`checkpoint_dir` when set, else this run's directory on the task's own disk (shared by local tasks)."""
-    from trainer.k8s import objects as k8s
+def _checkpoint_root(checkpoint_dir: str) -> str:
+    """`checkpoint_dir` when set, else a directory on the task's own disk (shared by local tasks)."""
+    return checkpoint_dir.rstrip("/") or os.path.join(tempfile.gettempdir(), "tfjob-checkpoints")
 
-    if checkpoint_dir:
-        return checkpoint_dir
-    return os.path.join(tempfile.gettempdir(), "tfjob-checkpoints", k8s.run_key(run_id))
+
+def _checkpoint_dir(checkpoint_dir: str, run_id: str) -> str:
+    """The command's `CHECKPOINT_DIR`: this run's own directory under the root, `ROOT/<run key>`.
+
+    A retried or replaced task of the run finds what its command wrote there; a later run with the same
+    `checkpoint_dir` starts with an empty one.
+    """
+    return f"{_checkpoint_root(checkpoint_dir)}/{run_key(run_id)}"
 
 
 def status_uri(cluster_mode: str, run_id: str) -> str:
@@ -256,6 +264,8 @@ def command_task(
     name = f"{task_type} {index}"
     os.makedirs(model_dir, exist_ok=True)
     environment = task_environment(os.environ, env, model_dir, _checkpoint_dir(checkpoint_dir, run_id))
+    if task_type != "evaluator":
+        clean_before_training(_checkpoint_root(checkpoint_dir), run_id, tf_config)
     argv = [tfjob.expand(part, environment) for part in command]
     evaluator = task_type == "evaluator"
     training = [t for t in cluster_lib.tasks(record.cluster) if t.job != "evaluator"]

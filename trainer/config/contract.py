@@ -202,10 +202,12 @@ class RuntimeConfig(Checked):
     )
     checkpoint_dir: str = setting(
         "",
-        "where each worker keeps its checkpoint of the last finished epoch, in a subdirectory per task, so that "
-        "restarted and replaced workers resume (TensorFlow writes it: a path, a volume or gs://, not s3://); a "
-        "volume or gs:// keeps them when every pod is lost; empty: on checkpoint_claim's volume when set, else in "
-        "the pod (a replaced pod gets a survivor's copy), MODEL_DIR.backup for the CLI",
+        "where each worker keeps its checkpoint of the last finished epoch, in CHECKPOINT_DIR/<run key>/<task>, so "
+        "that restarted and replaced workers of the same run resume (TensorFlow writes it: a path, a volume or "
+        "gs://, not s3://); a volume or gs:// keeps them when every pod is lost; a later run with the same value "
+        "starts from epoch 1, and other runs' leftovers untouched for 24 h are removed; empty: on "
+        "checkpoint_claim's volume when set, else in the pod (a replaced pod gets a survivor's copy), "
+        "MODEL_DIR.backup for the CLI",
         check=location("gs", what="a local or volume path (TensorFlow writes it and has no s3://)"),
     )
     checkpoint_claim: str = setting(
@@ -217,8 +219,8 @@ class RuntimeConfig(Checked):
     status_uri: str = setting(
         "",
         "parameter_server: where the chief keeps the status that parameter servers and workers poll: a path, "
-        "s3://, gs:// or configmap:NAME; empty: a ConfigMap of the run in kubernetes mode, else "
-        "MODEL_DIR.status.json",
+        "s3://, gs:// or configmap:NAME, made the run's own (DIR/<run key>/NAME, ConfigMap NAME-<run key>); empty: "
+        "a ConfigMap of the run in kubernetes mode, else MODEL_DIR.status.json",
         check=Check(
             lambda v: location("s3", "gs").ok(v) or (isinstance(v, str) and v.startswith("configmap:") and len(v) > 10),
             "empty, a path, s3://BUCKET/KEY, gs://BUCKET/KEY or configmap:NAME",
@@ -226,8 +228,9 @@ class RuntimeConfig(Checked):
     )
     run_id: str = setting(
         "",
-        "the pipeline run's id: it names the run's Kubernetes Services and is recorded in the "
-        "model's history for lineage",
+        "the pipeline run's id: it names the run's Kubernetes Services, checkpoint and status locations and is "
+        "recorded in the model's history for lineage; tasks with the same id resume each other's checkpoints; "
+        "empty: a new id for each run of the launcher or the trainer",
         check=text(),
     )
     threads: int = setting(

@@ -55,9 +55,10 @@ def check_claim(name: str, api: Any = None) -> None:
 
 
 def on_claim(config: TrainConfig, api: Any = None) -> TrainConfig:
-    """With `checkpoint_claim` set: checks the claim and its mount, and checkpoints to MOUNT/<run key> by default."""
-    from trainer.k8s import objects as k8s
+    """With `checkpoint_claim` set: checks the claim and its mount, and checkpoints to MOUNT by default.
 
+    Homes are `ROOT/<run key>/<task>` whatever ROOT is (`trainer.cluster.resume.home_for`).
+    """
     name = config.runtime.checkpoint_claim
     if not name:
         return config
@@ -69,4 +70,4 @@ def on_claim(config: TrainConfig, api: Any = None) -> TrainConfig:
     check_claim(name, api)
     if config.runtime.checkpoint_dir:
         return config
-    return config.replace(checkpoint_dir=f"{MOUNT}/{k8s.run_key(config.runtime.run_id)}")
+    return config.replace(checkpoint_dir=MOUNT)

@@ -10,7 +10,6 @@ Uses the `kubernetes` client (in-cluster config in a pod); no TensorFlow.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -21,6 +20,7 @@ from trainer.config import registry as settings
 from trainer.config.checks import int_between, require
 from trainer.config.contract import MAX_WORKERS
 from trainer.core.errors import KubernetesError, UsageError
+from trainer.core.runs import run_key
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +34,6 @@ WORKFLOW = ("argoproj.io", "v1alpha1", "workflows", "Workflow")
 DEFAULT_PORT = 2222
 NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-
-
-def run_key(run_id: str) -> str:
-    """A short DNS-safe key for a run: `r` + 10 hex digits of its SHA-1 (unique per run, stable across retries)."""
-    if not run_id:
-        raise UsageError("run id is empty; the pipeline passes dsl.PIPELINE_JOB_ID_PLACEHOLDER")
-    return "r" + hashlib.sha1(run_id.encode()).hexdigest()[:10]
 
 
 def service_name(run_id: str, index: int) -> str:

@@ -144,8 +144,21 @@ def run(
 
 
 def status_uri(config: TrainConfig) -> str:
-    """The status document's location: `status_uri`, or MODEL_DIR.status.json beside the model."""
-    return config.runtime.status_uri or f"{config.runtime.model_dir.rstrip('/')}.status.json"
+    """The status document's location, always the run's own.
+
+    Under `status_uri` when set (`trainer.core.runs.run_status_uri`), else the run's ConfigMap in Kubernetes mode,
+    else MODEL_DIR.status.json beside the model.
+    """
+    from trainer.core.runs import run_status_uri
+
+    if config.runtime.status_uri:
+        return run_status_uri(config.runtime.status_uri, config.runtime.run_id)
+    if config.cluster.cluster_mode == "kubernetes":
+        from trainer.k8s.status import configmap_name
+        from trainer.storage.status import CONFIGMAP
+
+        return CONFIGMAP + configmap_name(config.runtime.run_id)
+    return f"{config.runtime.model_dir.rstrip('/')}.status.json"
 
 
 def status_store(config: TrainConfig) -> Any:
