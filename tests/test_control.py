@@ -20,15 +20,6 @@ OTHER = "fedcba9876543210" * 4
 WARNING = "trainer.cluster.control"
 
 
-def _has_ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6) as s:
-            s.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
-
-
 @pytest.fixture
 def served(tmp_path):
     """A supervisor's channel serving a 3 MB checkpoint of epoch 2 on loopback: (control, home, port)."""
@@ -171,7 +162,6 @@ def test_more_connections_than_allowed_are_closed_while_open_ones_are_served(ser
         asker.close()
 
 
-@pytest.mark.skipif(not _has_ipv6_loopback(), reason="this host has no IPv6 loopback")
 def test_state_and_a_checkpoint_cross_the_channel_over_ipv6(tmp_path):
     ports = free_ports(2, "::1")
     survivor_home = CheckpointHome(str(tmp_path / "survivor" / "worker-0"))

@@ -116,17 +116,7 @@ def test_bad_input_is_never_restarted(tmp_path):
     assert 1 <= len(lines) <= 2, "each worker ran once (the launcher may stop the second before it reads the data)"
 
 
-def _has_ipv6_loopback():
-    try:
-        with socket.socket(socket.AF_INET6) as s:
-            s.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not _has_ipv6_loopback(), reason="this host has no IPv6 loopback")
 def test_two_workers_train_on_ipv6_loopback_with_their_control_channel_there(sample_data, tmp_path):
     """TF_CONFIG, TensorFlow's gRPC and the supervisors' channel all on `[::1]:port` (the channel restarts need)."""
     from trainer.cluster.control import ADDRESSES_ENV, SECRET_ENV, new_secret
