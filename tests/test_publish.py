@@ -93,12 +93,21 @@ def _model_files(saved_model):
     )
 
 
+def _one_version(backend, saved_model, version):
+    """What a location holds after one publish: the version, its metrics, its claim and latest.json.
+
+    On a path also the lock file that serialises replacing latest.json (`trainer.storage.conditional`).
+    """
+    lock = [".latest.json.lock"] if backend.kind == "path" else []
+    files = [f"{version}/{f}" for f in [*_model_files(saved_model), "metrics.json"]]
+    return sorted([*files, "latest.json", f".claims/{version}", *lock])
+
+
 def test_first_publish_writes_a_complete_version_its_metrics_and_latest(backend, saved_model):
     result = backend.publish(saved_model, 0.96)
     version = result.version
     assert result.published and result.reason.endswith("(first version)")
-    expected = sorted([f"{version}/{f}" for f in [*_model_files(saved_model), "metrics.json"]] + ["latest.json"])
-    assert backend.listing() == expected, "the version, its metrics and latest.json; no staging left"
+    assert backend.listing() == _one_version(backend, saved_model, version), "no staging copy or probe left"
     latest_doc = backend.read_json("latest.json")
     assert latest_doc == backend.read_json(f"{version}/metrics.json")
     assert latest_doc["version"] == version and latest_doc["path"] == f"{backend.uri}/{version}"
@@ -181,9 +190,7 @@ def test_s3_a_connection_lost_while_the_version_is_copied_leaves_no_version(s3, 
     copies = [path for method, path, _ in proxy.requests if method == "PUT" and "/.staging-" not in path]
     assert copies and not any("saved_model.pb" in p for p in copies), "saved_model.pb is copied last: never here"
     assert sum(failed for *_, failed in proxy.requests) == 5, "one request per attempt"
-    assert target.listing() == sorted(
-        [f"{first}/{f}" for f in [*_model_files(saved_model), "metrics.json"]] + ["latest.json"]
-    )
+    assert target.listing() == _one_version(target, saved_model, first), "the unfinished version and its claim gone"
     assert target.read_json("latest.json")["version"] == first
 
 
