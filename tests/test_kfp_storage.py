@@ -17,6 +17,7 @@ from tests.standins.s3 import S3Server
 from trainer import steps
 from trainer.cli import run_step
 from trainer.config.contract import TrainConfig
+from trainer.core.runs import run_key
 from trainer.storage import kfp as kfpstore
 from trainer.training import parameter_server as ps
 
@@ -130,12 +131,14 @@ def test_the_parameter_server_status_goes_to_the_same_store_with_the_same_keys(p
         s3_endpoint=pod.url,
     )
     with ps.StatusPublisher(ps.status_store(config)):
-        status = json.loads(pod.read_from("mlpipeline", f"private/{NAMESPACE}/status/run-1.json"))
+        key = f"private/{NAMESPACE}/status/{run_key('run-1')}/run-1.json"
+        status = json.loads(pod.read_from("mlpipeline", key))
         assert status["state"] == "running" and time.time() - status["heartbeat"] < 60
     ps.wait_for_chief(ps.status_store(config), 5, 30, "ps 0")
     refused = TrainConfig.from_settings(
         data_dir=str(tmp_path),
         model_dir=str(tmp_path / "model"),
+        run_id="run-1",
         strategy="parameter_server",
         status_uri="s3://mlpipeline/status/run-1.json",
         storage="kfp",
