@@ -141,6 +141,17 @@ CASES = {
         *_train(b, s, "--tf-config", _tf({"worker": ["a:1", "b:1"]}, index=2)),
         "task index 2 is out of range for 'worker'; allowed: 0 to 1",
     ),
+    "parameter-server task started on its own without a run id": lambda b, s: (
+        *_train(
+            b,
+            s,
+            "--strategy",
+            "parameter_server",
+            "--tf-config",
+            _tf({"chief": ["c:1"], "ps": ["p:1"], "worker": ["w:1"]}, "ps"),
+        ),
+        "run_id is empty for a task of a parameter-server cluster started on its own; allowed: the same --run-id",
+    ),
     "TF_CONFIG duplicate hosts": lambda b, s: (
         *_train(b, s, "--tf-config", _tf({"worker": ["a:1", "a:1"]})),
         "address 'a:1' appears twice",

@@ -8,6 +8,7 @@ import pytest
 from kfp.dsl import HTML, Artifact, ClassificationMetrics, Dataset, Markdown, Metrics, Model
 
 import components
+from trainer.core.runs import run_key
 
 OPS = components.build("registry.example.com/team/kfp-tf-multiworker:9.9.9")
 
@@ -178,4 +179,4 @@ def test_parameter_server_bodies_train_together(small_data, tmp_path):
     assert model.metadata["chief"] is True and model.metadata["strategy"] == "parameter_server"
     history = json.loads((tmp_path / "model" / "history.json").read_text())
     assert history["parameter_servers"] == 1 and len(history["epochs"]) == 2
-    assert json.loads(open(status).read())["state"] == "succeeded"
+    assert json.loads((tmp_path / run_key("run-8") / "status.json").read_text())["state"] == "succeeded"

@@ -38,7 +38,7 @@ def kill_one(sample_data, tmp_path, status_uri, env, victim=("chief", 0)):
         [f"localhost:{ports[1]}", f"localhost:{ports[2]}"], chief=f"localhost:{ports[0]}", ps=[f"localhost:{ports[3]}"]
     )
     args = trainer_args(sample_data, tmp_path / "model", "--epochs", "30", "--strategy", "parameter_server")
-    args += ["--status-uri", status_uri, "--chief-timeout", "8"]
+    args += ["--status-uri", status_uri, "--chief-timeout", "8", "--run-id", "ps-1"]
     procs = {
         (job, i): Streamed(
             [sys.executable, "-m", "trainer.train", *args],

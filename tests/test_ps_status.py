@@ -112,7 +112,7 @@ def test_kubernetes_mode_puts_the_status_on_the_runs_configmap_and_a_given_uri_i
     config = TrainConfig(runtime, cluster=ClusterConfig(strategy="parameter_server", cluster_mode="kubernetes"))
     assert ps.status_uri(config) == f"configmap:tfw-{k8s.run_key(RUN_ID)}-status"
     assert ps.status_uri(config.replace(status_uri="gs://b/s.json")) == f"gs://b/{k8s.run_key(RUN_ID)}/s.json"
-    assert ps.status_uri(config.replace(cluster_mode="local")) == "m.status.json"
+    assert ps.status_uri(config.replace(cluster_mode="local")) == f"m.status/{k8s.run_key(RUN_ID)}.json"
 
 
 def _kubeconfig(tmp_path, url):
@@ -146,8 +146,9 @@ def test_a_lost_worker_is_replaced_the_chief_carries_on_and_all_exit_zero_throug
         assert re.search(rf"^\[{label}\] .*the chief finished successfully; exiting", text, re.M), label
     pids = [int(p) for p in re.findall(r"server started at \S+ \(pid (\d+)\)", text)]
     assert len(pids) == 4 and _processes_alive(pids) == [], "no process is left running"
-    assert json.loads(standin.get("configmaps", NS, name)["data"]["status.json"])["state"] == "succeeded"
-    assert not (tmp_path / "model.status.json").exists(), "no status file: the servers read the ConfigMap"
+    own = f"{name}-{k8s.run_key(RUN_ID)}"
+    assert json.loads(standin.get("configmaps", NS, own)["data"]["status.json"])["state"] == "succeeded"
+    assert not (tmp_path / "model.status").exists(), "no status file: the servers read the ConfigMap"
     history = History.read(str(tmp_path / "model"))
     assert (history.strategy, history.parameter_servers, history.workers) == ("parameter_server", 1, 2)
     assert [e["epoch"] for e in history.epochs] == list(range(1, 11))
@@ -160,6 +161,7 @@ def test_killing_the_chief_ends_ps_and_workers_with_138_within_the_timeout(clust
     procs, codes, elapsed = kill_one(sample_data, tmp_path, "configmap:ps-status", _kubeconfig(tmp_path, url))
     assert set(codes.values()) == {EXIT_PEER_UNAVAILABLE}, codes
     assert elapsed < 8 + 60, "the servers end once the chief's heartbeat is older than chief_timeout (8 s)"
+    own = f"ps-status-{k8s.run_key('ps-1')}"
     for key in codes:
-        assert any("the chief's heartbeat at configmap team-a/ps-status" in line for line in procs[key].lines), key
-    assert json.loads(standin.get("configmaps", NS, "ps-status")["data"]["status.json"])["state"] == "running"
+        assert any(f"the chief's heartbeat at configmap team-a/{own}" in line for line in procs[key].lines), key
+    assert json.loads(standin.get("configmaps", NS, own)["data"]["status.json"])["state"] == "running"

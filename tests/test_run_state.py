@@ -52,7 +52,7 @@ def test_a_status_uri_the_user_passed_is_made_the_runs_own():
     assert run_status_uri("status.json", "run-a") == f"{run_key('run-a')}/status.json"
     ps = TrainConfig(RuntimeConfig(data_dir="d", model_dir="/m/model", run_id="run-a", status_uri="/shared/s.json"))
     assert status_uri(ps) == f"/shared/{run_key('run-a')}/s.json"
-    assert status_uri(ps.replace(status_uri="", cluster_mode="local")) == "/m/model.status.json"
+    assert status_uri(ps.replace(status_uri="", cluster_mode="local")) == f"/m/model.status/{run_key('run-a')}.json"
     assert status_uri(ps.replace(status_uri="")) == (f"configmap:tfw-{run_key('run-a')}-status")
 
 
@@ -90,6 +90,20 @@ def test_leftovers_of_other_runs_are_removed_once_stale_and_younger_ones_kept(tm
     ]
     gone = {r.getMessage() for r in caplog.records if r.getMessage().startswith("removed")}
     assert f"removed {tmp_path}/{dead}: a finished or failed run's checkpoints, last written 48.0 h ago" in gone
+
+
+def test_a_commands_checkpoint_dirs_are_counted_never_removed(tmp_path, caplog):
+    now = time.time()
+    _written(tmp_path / run_key("old") / "model.ckpt", now - 30 * DAY)
+    _written(tmp_path / run_key("young") / "model.ckpt", now - 2 * 3600)
+    _written(tmp_path / "worker-0" / "the users-own.ckpt", now - 30 * DAY)
+    with caplog.at_level(logging.INFO, logger="trainer.cluster.resume"):
+        assert clean_leftovers(str(tmp_path), "own", now, remove=False) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([run_key("old"), run_key("young"), "worker-0"])
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{tmp_path} holds 2 other runs' CHECKPOINT_DIR (the oldest last written 720.0 h ago); what commands write "
+        "there is theirs and is never removed here: delete old ones yourself (a bucket lifecycle rule, a cron job)"
+    ]
 
 
 def test_a_successful_run_removes_its_own_directory_and_the_default_root(tmp_path):

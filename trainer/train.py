@@ -117,11 +117,19 @@ def run(config: TrainConfig, tf_config: dict[str, Any] | None, control_text: str
     from trainer.training.task import check_topology, run_task
 
     check_topology(config, tf_config)
+    separate = bool(tf_config) and len(cluster_lib.task_order(tf_config["cluster"])) > 1
     if not config.runtime.run_id:
+        if separate and config.cluster.strategy == "parameter_server":
+            raise UsageError(
+                "run_id is empty for a task of a parameter-server cluster started on its own; allowed: the same "
+                "--run-id for every task of the run (trainer-launch and the pipelines set it), so that all read "
+                "the chief's status from the run's own location"
+            )
         config = config.replace(run_id=new_run_id())
         log.info(
-            "run id %s (generated: pass --run-id %s to resume this run's checkpoints in a later process)",
+            "run id %s (generated%s: pass --run-id %s to resume this run's checkpoints in a later process)",
             config.runtime.run_id,
+            ", this task's own: give every task of a cluster started by hand the same --run-id" if separate else "",
             config.runtime.run_id,
         )
     if not tf_config or len(cluster_lib.task_order(tf_config["cluster"])) == 1:

@@ -503,7 +503,9 @@ def home_for(config: Any, tf_config: Mapping[str, Any] | None) -> CheckpointHome
     return CheckpointHome(f"{checkpoint_root(config)}/{run_key(config.runtime.run_id)}/{task_dir(tf_config)}")
 
 
-def clean_leftovers(root: str, run_id: str, now: float, stale_after: float = STALE_AFTER_SECONDS) -> list[str]:
+def clean_leftovers(
+    root: str, run_id: str, now: float, stale_after: float = STALE_AFTER_SECONDS, remove: bool = True
+) -> list[str]:
     """Removes what other runs left under ROOT once nothing in it has been written for `stale_after` seconds.
 
     Only this project's own entries are touched: run directories (`r` + 10 hex digits) and task homes of the layout
@@ -514,40 +516,53 @@ def clean_leftovers(root: str, run_id: str, now: float, stale_after: float = STA
         run_id: this run's id; its own directory is never touched.
         now: the current Unix time.
         stale_after: the age, in seconds since the last write, from which a leftover is removed.
+        remove: False where the files are a user's command's (`$(CHECKPOINT_DIR)`): other runs' directories are
+            only counted in one line, never removed.
 
     Returns:
         The names removed.
     """
     location = Location(root)
     own = run_key(run_id)
-    removed = []
+    removed, others = [], []
     for name in location.children():
-        if name == own or not (is_run_key(name) or _TASK_DIR.match(name)):
+        if name == own or not (is_run_key(name) or (remove and _TASK_DIR.match(name))):
             continue
         written = _last_written(location, name)
         age = now - written if written is not None else float("inf")
-        if age < stale_after:
+        if not remove:
+            others.append(age)
+        elif age < stale_after:
             log.info(
                 "kept %s: another run's checkpoints, last written %.1f h ago (removed once %.0f h old)",
                 location.uri_of(name),
                 age / 3600,
                 stale_after / 3600,
             )
-            continue
-        location.remove(name)
-        removed.append(name)
+        else:
+            location.remove(name)
+            removed.append(name)
+            log.info(
+                "removed %s: a finished or failed run's checkpoints, last written %s",
+                location.uri_of(name),
+                f"{age / 3600:.1f} h ago" if written is not None else "at an unknown time (it holds no file)",
+            )
+    if others:
         log.info(
-            "removed %s: a finished or failed run's checkpoints, last written %s",
-            location.uri_of(name),
-            f"{age / 3600:.1f} h ago" if written is not None else "at an unknown time (it holds no file)",
+            "%s holds %d other runs' CHECKPOINT_DIR (the oldest last written %.1f h ago); what commands write there "
+            "is theirs and is never removed here: delete old ones yourself (a bucket lifecycle rule, a cron job)",
+            location.uri,
+            len(others),
+            max(others) / 3600,
         )
     return removed
 
 
-def clean_before_training(root: str, run_id: str, tf_config: Mapping[str, Any] | None) -> None:
+def clean_before_training(root: str, run_id: str, tf_config: Mapping[str, Any] | None, remove: bool = True) -> None:
     """The first task of a run (the chief, else worker 0) removes other runs' stale leftovers under ROOT.
 
     A store that cannot be listed leaves them, with a warning: this run's own training does not depend on it.
+    With `remove` False (a command's `$(CHECKPOINT_DIR)`) they are only counted (`clean_leftovers`).
     """
     import time
 
@@ -557,7 +572,7 @@ def clean_before_training(root: str, run_id: str, tf_config: Mapping[str, Any] |
     if tf_config and not is_chief(tf_config):
         return
     try:
-        clean_leftovers(root, run_id, time.time())
+        clean_leftovers(root, run_id, time.time(), remove=remove)
     except (OSError, ServiceError) as err:
         log.warning("could not look for other runs' leftovers under %s: %s", root, err)
 

@@ -265,7 +265,7 @@ def command_task(
     os.makedirs(model_dir, exist_ok=True)
     environment = task_environment(os.environ, env, model_dir, _checkpoint_dir(checkpoint_dir, run_id))
     if task_type != "evaluator":
-        clean_before_training(_checkpoint_root(checkpoint_dir), run_id, tf_config)
+        clean_before_training(_checkpoint_root(checkpoint_dir), run_id, tf_config, remove=False)
     argv = [tfjob.expand(part, environment) for part in command]
     evaluator = task_type == "evaluator"
     training = [t for t in cluster_lib.tasks(record.cluster) if t.job != "evaluator"]

@@ -147,9 +147,9 @@ def status_uri(config: TrainConfig) -> str:
     """The status document's location, always the run's own.
 
     Under `status_uri` when set (`trainer.core.runs.run_status_uri`), else the run's ConfigMap in Kubernetes mode,
-    else MODEL_DIR.status.json beside the model.
+    else `MODEL_DIR.status/<run key>.json` beside the model (a later run into the same MODEL_DIR never reads it).
     """
-    from trainer.core.runs import run_status_uri
+    from trainer.core.runs import run_key, run_status_uri
 
     if config.runtime.status_uri:
         return run_status_uri(config.runtime.status_uri, config.runtime.run_id)
@@ -158,7 +158,7 @@ def status_uri(config: TrainConfig) -> str:
         from trainer.storage.status import CONFIGMAP
 
         return CONFIGMAP + configmap_name(config.runtime.run_id)
-    return f"{config.runtime.model_dir.rstrip('/')}.status.json"
+    return f"{config.runtime.model_dir.rstrip('/')}.status/{run_key(config.runtime.run_id)}.json"
 
 
 def status_store(config: TrainConfig) -> Any:
