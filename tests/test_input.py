@@ -1,8 +1,10 @@
-"""The training input pipeline on the real sample shards: epochs shorter than the data are served from memory."""
+"""The training input pipeline on the real sample shards: epochs shorter than the data are served from memory; a
+share over the memory limit is cached on local disk, or read from the files every epoch."""
 
 import shutil
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from trainer.config.contract import DataConfig
@@ -44,3 +46,64 @@ def test_the_stream_is_declared_endless(sample_data):
     dataset = train_dataset(sample_data, meta, DataConfig(), 50, 10, 2, 1, 0)
     assert dataset.cardinality().numpy() == tf.data.INFINITE_CARDINALITY
     assert len(list(dataset.take(3 * 10))) == 30, "more batches than the configured epochs hold"
+
+
+def _epochs(data_dir: str, steps: int, where=None):
+    meta = load_metadata(data_dir)
+    return iter(train_dataset(data_dir, meta, DataConfig(shuffle_buffer=1000), 50, steps, 1, 0, 0, where=where))
+
+
+def test_a_share_over_the_memory_limit_and_the_disk_is_read_from_the_files_every_epoch(sample_data, tmp_path, caplog):
+    from trainer.core.memory import MemoryLimit, Room
+
+    data = str(tmp_path / "data")
+    shutil.copytree(sample_data, data)
+    caplog.set_level("INFO", logger="trainer.data.inputs")
+    steps = 80  # one epoch is the whole share: 4,000 examples
+    iterator = _epochs(data, steps, Room(MemoryLimit(10_000_000, "test"), str(tmp_path), 5_000_000))
+    assert caplog.messages == [
+        "data cache: worker 0's share of the train split: 3.0 MiB; memory limit 9.5 MiB (test); stream: more than "
+        f"0.25 of the limit (2.4 MiB left of it) and of 0.5 of the 4.8 MiB free in {tmp_path}: read from the dataset "
+        "every epoch"
+    ]
+    first = [next(iterator) for _ in range(steps)]
+    reference = _epochs(sample_data, steps)
+    for got in first:
+        np.testing.assert_array_equal(got[1].numpy(), next(reference)[1].numpy())
+    for path in shard_paths(data, load_metadata(data), "train"):
+        tf.io.gfile.remove(path)
+    with pytest.raises(tf.errors.NotFoundError):  # by the next epoch at the latest (files open stay readable)
+        for _ in range(2 * steps):
+            next(iterator)
+    assert not (tmp_path / "trainer-data-cache").exists()
+
+
+def test_a_share_over_the_memory_limit_is_cached_on_local_disk(sample_data, tmp_path, monkeypatch, caplog):
+    import os
+    import tempfile
+
+    from trainer.core.memory import room
+
+    data = str(tmp_path / "data")
+    shutil.copytree(sample_data, data)
+    monkeypatch.setenv("TRAINER_MEMORY_LIMIT", "1Mi")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "scratch"))
+    os.makedirs(tmp_path / "scratch")
+    stale = tmp_path / "scratch" / "trainer-data-cache" / "999999999"
+    stale.mkdir(parents=True)
+    caplog.set_level("INFO", logger="trainer.data.inputs")
+    steps, epochs = 10, 3
+    iterator = _epochs(data, steps, room())
+    assert caplog.messages[0].startswith(
+        "data cache: worker 0's share of the train split: 3.0 MiB; memory limit 1.0 MiB (TRAINER_MEMORY_LIMIT); disk: "
+        "more than 0.25 of the limit (256.0 KiB left of it); it fits 0.5 of the "
+    )
+    first = [next(iterator) for _ in range(steps)]
+    for path in shard_paths(data, load_metadata(data), "train"):
+        tf.io.gfile.remove(path)
+    later = [next(iterator) for _ in range((epochs - 1) * steps)]
+    reference = _epochs(sample_data, steps)
+    for got in first + later:
+        np.testing.assert_array_equal(got[0].numpy(), next(reference)[0].numpy())
+    own = tmp_path / "scratch" / "trainer-data-cache" / str(os.getpid())
+    assert [p.name for p in own.iterdir()] and not stale.exists(), "its cache files, and none of a process gone"

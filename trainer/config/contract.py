@@ -16,7 +16,6 @@ from typing import Any
 from trainer.config.checks import (
     FLAG,
     FUNCTION_FORM,
-    GATE_FORM,
     SOURCE_FORMS,
     Check,
     Checked,
@@ -32,11 +31,11 @@ from trainer.config.checks import (
     non_empty,
     number_between,
     one_of,
-    parse_gate,
     setting,
     text,
 )
 from trainer.core.errors import UsageError
+from trainer.evaluation.gate import GATE_FORM, parse_gate
 
 STRATEGIES = ("multi_worker_mirrored", "parameter_server")
 CLUSTER_MODES = ("kubernetes", "local")
@@ -260,8 +259,9 @@ class PublishConfig(Checked):
     gate: str = setting(
         "",
         "the quality gate on any metric the evaluation reports, with its direction: 'METRIC>=VALUE' (accuracy, "
-        "auc, ...) or 'METRIC<=VALUE' (loss, ...); the same metric and direction decide whether a model is better "
-        "than the one published; empty: accuracy >= min_accuracy",
+        "auc, pr-auc, ...) or 'METRIC<=VALUE' (loss, ...), METRIC named as KFP names a metric (letters, digits, '-' "
+        "and '_'); the same metric and direction decide whether a model is better than the one published; empty: "
+        "accuracy >= min_accuracy",
         check=Check(lambda v: v == "" or parse_gate(v) is not None, GATE_FORM),
     )
     publish_uri: str = setting(

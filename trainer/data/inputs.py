@@ -2,15 +2,31 @@
 
 A prepared dataset is either TFRecord shards of uint8 images (fed as float32) or the splits of your own function
 saved by tf.data (`trainer.data.functions`, fed as the function returned them).
+
+A worker keeps its share where `trainer.core.memory.choose_cache` says, one log line each: in memory when it fits a
+quarter of the pod's memory limit, else in a tf.data file cache in the local temporary directory when it fits half
+of the free space there, else nowhere (read from the dataset every epoch). The share's size is what the cache would
+hold: for TFRecord shards the decoded images and labels (`image_shape` and the example counts of the metadata), for
+a saved split its files' bytes in proportion to the worker's examples.
 """
 
 from __future__ import annotations
 
+import atexit
+import logging
+import math
+import os
+import uuid
 from typing import Any
 
 from trainer.config.contract import DataConfig
+from trainer.core.memory import CacheChoice, Room, choose_cache, room
 from trainer.data import functions
 from trainer.data.tfrecords import decode_fn, shard_paths
+
+log = logging.getLogger(__name__)
+
+CACHE_DIR_NAME = "trainer-data-cache"
 
 
 def _as_float(images: Any, labels: Any) -> tuple[Any, Any]:
@@ -47,6 +63,95 @@ def features_spec(data_dir: str, meta: dict[str, Any]) -> Any:
     return examples(data_dir, meta, "train").element_spec[0]
 
 
+def _by_file(files: list[str], workers: int) -> bool:
+    """Whether workers take whole files (they divide evenly among them), else every N-th record."""
+    return workers > 1 and len(files) % workers == 0
+
+
+def _share_examples(meta: dict[str, Any], split: str, workers: int, rank: int) -> int:
+    """How many of the split's examples are this worker's."""
+    total = meta["splits"][split]["num_examples"]
+    shards = meta["splits"][split].get("shards")
+    if shards and _by_file(shards, workers):
+        return sum(s["num_examples"] for s in shards[rank::workers])
+    return len(range(rank, total, max(workers, 1)))
+
+
+def share_bytes(data_dir: str, meta: dict[str, Any], split: str, workers: int, rank: int) -> int:
+    """The bytes this worker's share of `split` takes in a cache: decoded images and labels, or saved tensors."""
+    count = _share_examples(meta, split, workers, rank)
+    if functions.is_saved(meta):
+        total = meta["splits"][split]["num_examples"]
+        return math.ceil(functions.split_bytes(data_dir, meta, split) * count / total)
+    return count * (math.prod(meta["image_shape"]) + 8)
+
+
+def cache_choice(
+    data_dir: str, meta: dict[str, Any], split: str, workers: int, rank: int, where: Room | None = None
+) -> tuple[CacheChoice, Room]:
+    """Where this worker keeps its share of `split` (`choose_cache`), logged in one line.
+
+    The test split's share counts the training share against the same memory budget when that one is in memory.
+    """
+    where = where or room()
+    used = 0
+    if split != "train":
+        train = choose_cache(share_bytes(data_dir, meta, "train", workers, rank), where)
+        used = train.share_bytes if train.where == "memory" else 0
+    choice = choose_cache(share_bytes(data_dir, meta, split, workers, rank), where, used)
+    log.info(choice.describe(f"data cache: worker {rank}'s share of the {split} split", where.memory))
+    return choice, where
+
+
+def _cache_path(where: Room, split: str, workers: int, rank: int) -> str:
+    """A fresh file-cache prefix under this process's own directory, which is removed when the process ends.
+
+    Directories of processes that no longer run (a training process killed and restarted in place) are removed
+    first, so the local disk does not fill up with their caches.
+    """
+    import shutil
+
+    parent = os.path.join(where.disk_dir, CACHE_DIR_NAME)
+    os.makedirs(parent, exist_ok=True)
+    for name in os.listdir(parent):
+        if name.isdigit() and int(name) != os.getpid() and not _running(int(name)):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+    own = os.path.join(parent, str(os.getpid()))
+    if not os.path.isdir(own):
+        os.makedirs(own)
+        atexit.register(shutil.rmtree, own, ignore_errors=True)
+    return os.path.join(own, f"{split}-{rank}-of-{workers}-{uuid.uuid4().hex[:8]}")
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _kept(records: Any, choice: CacheChoice, where: Room, split: str, workers: int, rank: int) -> Any:
+    """`records` cached where `choice` says (in memory, in a file cache, or not at all)."""
+    if choice.where == "memory":
+        return records.cache()
+    if choice.where == "disk":
+        return records.cache(_cache_path(where, split, workers, rank))
+    return records
+
+
+def _filled(records: Any, choice: CacheChoice) -> Any:
+    """A pass that yields nothing and reads a cached share to its end (in batches); nothing for a streamed share.
+
+    Batching needs one shape per feature, which `trainer.data.functions` checks when your function's data is saved.
+    """
+    if choice.where == "stream":
+        return records.take(0)
+    return records.batch(4096).filter(_nothing).unbatch()
+
+
 def _options(deterministic: bool, threads: int) -> Any:
     """Explicit sharding; with `threads`, tf.data's own pool that size (its default: every core of the machine)."""
     import tensorflow as tf
@@ -70,6 +175,7 @@ def train_dataset(
     rank: int,
     start_epoch: int,
     threads: int = 0,
+    where: Room | None = None,
 ) -> Any:
     """This worker's share of the training data, reshuffled per epoch and globally batched.
 
@@ -88,6 +194,7 @@ def train_dataset(
         rank: this worker's position among them.
         start_epoch: the first epoch to produce, counted from 0.
         threads: the size of tf.data's thread pool (0: tf.data's default).
+        where: the memory limit and local disk that decide where the share is kept (default: this pod's).
 
     Returns:
         An endless dataset of `(float32 images, int64 labels)` global batches, or of the saved function's
@@ -102,7 +209,7 @@ def train_dataset(
             records = records.shard(workers, rank)
     else:
         files = shard_paths(data_dir, meta, "train")
-        by_file = workers > 1 and len(files) % workers == 0
+        by_file = _by_file(files, workers)
         names = tf.data.Dataset.from_tensor_slices(files)
         if by_file:
             names = names.shard(workers, rank)
@@ -114,13 +221,14 @@ def train_dataset(
         )
         if workers > 1 and not by_file:
             records = records.shard(workers, rank)
-    records = records.cache()
+    choice, where = cache_choice(data_dir, meta, "train", workers, rank, where)
+    records = _kept(records, choice, where, "train", workers, rank)
     # tf.data keeps a cache only once an iterator has read it to the end, and an epoch shorter than this worker's
     # share (--steps-per-epoch) stops mid-way: the cache would be thrown away and every epoch would read and decode
     # the files again. This pass yields nothing and reads the cache to the end, so it is filled once (in batches:
-    # over a filled cache that takes 0.1 s for 60,000 images, against 1.3 s one element at a time).
-    # (Your function's features may have no fixed shape to batch: its split is read one example at a time.)
-    fill = records.filter(_nothing) if saved else records.batch(4096).filter(_nothing).unbatch()
+    # over a filled cache that takes 0.1 s for 60,000 images, against 1.3 s one element at a time). A streamed
+    # share has no cache to fill.
+    fill = _filled(records, choice)
     per_epoch = steps * batch_size
     buffer = min(meta["splits"]["train"]["num_examples"], data.shuffle_buffer)
 
@@ -142,27 +250,53 @@ def train_dataset(
 
 
 def eval_dataset(
-    data_dir: str, meta: dict[str, Any], global_batch: int, workers: int, rank: int, threads: int = 0
+    data_dir: str,
+    meta: dict[str, Any],
+    global_batch: int,
+    workers: int,
+    rank: int,
+    threads: int = 0,
+    where: Room | None = None,
 ) -> Any:
-    """This worker's share of the test split, repeated so every worker runs the same number of validation steps."""
+    """This worker's share of the test split, repeated so every worker runs the same number of validation steps.
+
+    The share is kept where `cache_choice` says, the training share counted against the same memory budget.
+    """
     ds = _stored(data_dir, meta, "test")
     if workers > 1:
         ds = ds.shard(workers, rank)
-    ds = _fed(meta, ds.cache().repeat()).batch(global_batch, drop_remainder=True)
+    choice, where = cache_choice(data_dir, meta, "test", workers, rank, where)
+    ds = _kept(ds, choice, where, "test", workers, rank)
+    # Filled to its end first, as the training share is: a validation run reads fewer batches than the share holds.
+    ds = _filled(ds, choice).concatenate(ds.repeat())
+    ds = _fed(meta, ds).batch(global_batch, drop_remainder=True)
     return ds.with_options(_options(deterministic=False, threads=threads))
 
 
 def ps_dataset_creator(data_dir: str, meta: dict[str, Any], data: DataConfig, batch_size: int) -> Any:
-    """A `DatasetCreator` for ParameterServerStrategy: each worker reads its input pipeline's share of the shards."""
+    """A `DatasetCreator` for ParameterServerStrategy: each worker reads its input pipeline's share of the shards.
+
+    A share is cached in memory only when `choose_cache` allows it under this (the chief's) pod's memory limit, which
+    stands for the workers' (one pod template); never on disk: the function runs on the workers, whose disks the
+    chief cannot see.
+    """
     import tensorflow as tf
     import tf_keras as keras
 
+    from trainer.core.memory import memory_limit
+
     files = shard_paths(data_dir, meta, "train")
     shape = tuple(meta["image_shape"])
+    where = Room(memory_limit(), "", 0)
+    total = meta["splits"]["train"]["num_examples"]
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        ds = tf.data.TFRecordDataset(files).map(decode_fn(shape))
-        ds = ds.shard(context.num_input_pipelines, context.input_pipeline_id).cache()
+        pipelines, index = context.num_input_pipelines, context.input_pipeline_id
+        ds = tf.data.TFRecordDataset(files).map(decode_fn(shape)).shard(pipelines, index)
+        choice = choose_cache(len(range(index, total, pipelines)) * (math.prod(shape) + 8), where)
+        log.info(choice.describe(f"data cache: input pipeline {index}'s share of the train split", where.memory))
+        if choice.where == "memory":
+            ds = ds.cache()
         ds = ds.shuffle(data.shuffle_buffer, seed=data.seed).repeat().map(lambda x, y: (tf.cast(x, tf.float32), y))
         return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 

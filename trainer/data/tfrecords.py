@@ -52,7 +52,7 @@ def write_split(
     writers = [tf.io.TFRecordWriter(f"{directory}/{name}") for name in names]
     try:
         for n, (image, label) in enumerate(examples):
-            image = np.asarray(image, dtype=np.uint8).reshape(image_shape)
+            image = _of_shape(np.asarray(image, dtype=np.uint8), image_shape, split, n)
             example = tf.train.Example(
                 features=tf.train.Features(
                     feature={
@@ -74,6 +74,20 @@ def write_split(
         for name, count in zip(names, counts, strict=True)
     ]
     return {"num_examples": total, "shards": shards}
+
+
+def _of_shape(image: np.ndarray, image_shape: tuple[int, int, int], split: str, index: int) -> np.ndarray:
+    """`image` as `image_shape` (a grey image may come without its channel axis).
+
+    Raises:
+        UsageError: it has another shape, naming the split, the example and both shapes.
+    """
+    if image.shape == image_shape or (image.shape == image_shape[:2] and image_shape[2] == 1):
+        return image.reshape(image_shape)
+    raise UsageError(
+        f"split {split!r} has an image of shape {list(image.shape)} (example {index}) but the dataset's images are "
+        f"{list(image_shape)}; allowed: images of one shape (resize them to one size when you prepare them)"
+    )
 
 
 def make_metadata(

@@ -12,7 +12,9 @@ def build_user_model(function: Callable[[Any], Any], spec: str, features: Any) -
     """`function(features)`, checked: a tf-keras model, compiled.
 
     Called inside the strategy's scope, so its variables are mirrored. The model keeps the optimizer, loss and
-    metrics it was compiled with; evaluation reports those metrics and the gate can name any of them.
+    metrics it was compiled with; evaluation reports those metrics and the gate can name any of them. An error the
+    function raises is judged by `trainer.core.user_errors`: a transient one (an OSError while it loads weights, say)
+    is retried with backoff and ends the task with 142 if it lasts; any other is bad input (2).
 
     Args:
         function: the imported model_fn.
@@ -20,11 +22,12 @@ def build_user_model(function: Callable[[Any], Any], spec: str, features: Any) -
         features: the `tf.TensorSpec` (or dict of them) of one example's features, without the batch dimension.
 
     Raises:
-        UsageError: it returned something else, or a model that is not compiled.
+        UsageError: it raised a programming error, returned something else, or a model that is not compiled.
+        StoreUnavailableError: it kept raising a transient error.
     """
     import tf_keras as keras
 
-    from trainer.core.functions import call
+    from trainer.core.user_errors import call
 
     model = call(function, f"model_fn {spec!r}", features)
     if not isinstance(model, keras.Model):
@@ -39,3 +42,33 @@ def build_user_model(function: Callable[[Any], Any], spec: str, features: Any) -
             "model.compile(optimizer=..., loss=..., metrics=[...])"
         )
     return model
+
+
+def reported_metrics(model: Any, example: tuple[Any, Any], spec: str) -> list[str]:
+    """The names of the metrics a compiled model reports (what `evaluate` returns), known before it is trained.
+
+    tf-keras names its compiled loss and metrics (`loss`, `auc`, per output `y_value_mae`) only when it builds them
+    from the first batch's predictions and labels; they are built here from one example, in the strategy's scope
+    as `fit` would build them, so training keeps the same metric objects.
+
+    Args:
+        model: the model `build_user_model` returned.
+        example: one batch of one example, `(features, label)`.
+        spec: model_fn's `package.module:function`, for messages.
+
+    Raises:
+        UsageError: the model cannot take the example, or its loss or metrics do not fit its outputs and labels.
+    """
+    features, label = example
+    try:
+        if not (model.compiled_loss.built and model.compiled_metrics.built):
+            predictions = model(features, training=False)
+            model.compiled_loss.build(predictions)
+            model.compiled_metrics.build(predictions, label)
+    except (TypeError, ValueError) as err:
+        from trainer.core.user_errors import one_line
+
+        raise UsageError(
+            f"model_fn {spec!r} returned a model that does not take the prepared examples: {one_line(err)}"
+        ) from None
+    return [metric.name for metric in model.metrics]

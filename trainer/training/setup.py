@@ -18,8 +18,9 @@ from trainer.core.cpus import ranges, thread_counts
 from trainer.core.errors import UsageError
 from trainer.core.files import check_writable_parent
 from trainer.data import functions
-from trainer.data.inputs import features_spec
+from trainer.data.inputs import examples, features_spec
 from trainer.data.tfrecords import load_metadata, verify_split
+from trainer.evaluation.gate import Gate
 from trainer.training.callbacks import EpochCheckpoints, TensorBoardScalars, ThroughputHistory, run_log_dir
 
 log = logging.getLogger(__name__)
@@ -131,20 +132,44 @@ def build(
     steps: int,
     examples_per_epoch: int,
     resume_epoch: int | None,
+    gate: Gate | None = None,
 ) -> Built:
     """Builds and compiles the model in the strategy's scope and restores the checkpoint to resume after.
 
     The built-in CNN's learning rate follows a cosine over the run and `steps_per_execution` steps run per call
     (`build_model`); a model_fn's model comes compiled as its function compiled it (`trainer.modeling.user`).
+
+    Args:
+        config: the training configuration.
+        prepared: what `prepare` found (the dataset's metadata, model_fn).
+        strategy: the distribution strategy whose scope holds the variables.
+        tf_config: this task's TF_CONFIG (None: one process), which names its checkpoint home.
+        learning_rate: the built-in CNN's peak learning rate.
+        steps: steps per epoch.
+        examples_per_epoch: for the throughput records.
+        resume_epoch: the epoch to resume after (`trainer.training.callbacks.EpochCheckpoints.restore`).
+        gate: the gate the run's evaluation will apply, if known: its metric must be one the model reports, which is
+            checked here, before the first epoch, rather than by the evaluation after all the training.
+
+    Raises:
+        UsageError: the model does not report the gate's metric (naming the metrics it does report), or model_fn
+            failed or returned something else than a compiled tf-keras model.
     """
+    from trainer.evaluation.metrics import CNN_METRICS
     from trainer.modeling.cnn import build_model
-    from trainer.modeling.user import build_user_model
+    from trainer.modeling.user import build_user_model, reported_metrics
 
     with strategy.scope():
         if prepared.model_fn:
+            spec = config.model.model_fn
             features = features_spec(config.runtime.data_dir, prepared.meta)
-            model = build_user_model(prepared.model_fn, config.model.model_fn, features)
+            model = build_user_model(prepared.model_fn, spec, features)
+            if gate is not None:
+                one = next(iter(examples(config.runtime.data_dir, prepared.meta, "train").batch(1)))
+                gate.check_reported(reported_metrics(model, one, spec), f"model_fn {spec!r}")
         else:
+            if gate is not None:
+                gate.check_reported(CNN_METRICS, "the built-in CNN")
             model = build_model(
                 prepared.image_shape,
                 prepared.meta["num_classes"],
