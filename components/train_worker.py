@@ -21,6 +21,7 @@ def train_worker(
     checkpoint_claim: str,
     tensorboard_dir: str,
     cluster_mode: str,
+    gate: str = "",
 ):
     """Trains as one worker of the run's cluster; worker 0 (the chief) writes the model.
 
@@ -58,6 +59,7 @@ def train_worker(
             collective_timeout=collective_timeout,
             max_restarts=max_restarts,
             checkpoint_dir=checkpoint_dir,
+            gate=gate,
             checkpoint_claim=checkpoint_claim,
             tensorboard_dir=tensorboard_dir,
             cluster_mode=cluster_mode,

@@ -167,6 +167,7 @@ def mirrored_pipeline(image: str, pods: PodSettings = DEFAULT_PODS, settings: St
                 checkpoint_claim=checkpoint_claim,
                 tensorboard_dir=tensorboard_dir,
                 cluster_mode=cluster_mode,
+                gate=gate,
             )
             training_pod(step(worker, "train worker"), pods)
             with_checkpoint_volume(worker, checkpoint_claim, settings)

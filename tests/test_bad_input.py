@@ -141,6 +141,10 @@ CASES = {
         *_train(b, s, "--tf-config", _tf({"worker": ["a:1", "b:1"]}, index=2)),
         "task index 2 is out of range for 'worker'; allowed: 0 to 1",
     ),
+    "gate on a metric the model does not report": lambda b, s: (
+        *_train(b, s, "--gate", "auc>=0.9", "--epochs", "1"),
+        "gate 'auc >= 0.9' names metric 'auc', which the built-in CNN does not report; allowed: a metric it reports",
+    ),
     "parameter-server task started on its own without a run id": lambda b, s: (
         *_train(
             b,

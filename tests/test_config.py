@@ -71,7 +71,7 @@ def test_a_training_config_takes_its_own_settings_by_name_and_refuses_the_others
         "d",
     )
     assert built.replace(s3_endpoint="http://s3:9000").storage.s3_endpoint == "http://s3:9000"
-    for name in ("min_accuracy", "serving_name", "no_such_setting"):
+    for name in ("serving_name", "serving_timeout", "no_such_setting"):
         message = rf"^'{name}' is not a setting of a training task; allowed: the settings of the groups runtime, data"
         with pytest.raises(UsageError, match=message):
             built.replace(**{name: 1})
@@ -84,8 +84,8 @@ def test_a_training_config_takes_its_own_settings_by_name_and_refuses_the_others
 def test_the_training_step_refuses_a_setting_it_would_not_use(tmp_path):
     from trainer import steps
 
-    with pytest.raises(UsageError, match="'min_accuracy' is not a setting of a training task"):
-        steps.train_task(str(tmp_path), str(tmp_path), "worker", 0, str(tmp_path / "m"), "run-1", min_accuracy=0.9)
+    with pytest.raises(UsageError, match="'serving_name' is not a setting of a training task"):
+        steps.train_task(str(tmp_path), str(tmp_path), "worker", 0, str(tmp_path / "m"), "run-1", serving_name="m")
 
 
 @pytest.fixture(params=list(FACTORIES))

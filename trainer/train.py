@@ -25,6 +25,7 @@ from trainer.config.contract import (
     DataConfig,
     ModelConfig,
     OptimConfig,
+    PublishConfig,
     RuntimeConfig,
     TrainConfig,
 )
@@ -46,6 +47,7 @@ SETTINGS = {
         "seed",
     ),
     "optimisation": ("epochs", "batch_size", "learning_rate", "steps_per_epoch", "steps_per_execution", "validate"),
+    "quality gate (checked against the model's metrics before the first epoch)": ("gate",),
     "cluster and timeouts": (
         "strategy",
         "startup_timeout",
@@ -87,6 +89,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         model=settings_from(args, ModelConfig),
         optim=settings_from(args, OptimConfig),
         cluster=settings_from(args, ClusterConfig),
+        publish=settings_from(args, PublishConfig),
     )
 
 

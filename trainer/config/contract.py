@@ -219,7 +219,7 @@ class RuntimeConfig(Checked):
         "",
         "parameter_server: where the chief keeps the status that parameter servers and workers poll: a path, "
         "s3://, gs:// or configmap:NAME, made the run's own (DIR/<run key>/NAME, ConfigMap NAME-<run key>); empty: "
-        "a ConfigMap of the run in kubernetes mode, else MODEL_DIR.status.json",
+        "a ConfigMap of the run in kubernetes mode, else MODEL_DIR.status/<run key>.json",
         check=Check(
             lambda v: location("s3", "gs").ok(v) or (isinstance(v, str) and v.startswith("configmap:") and len(v) > 10),
             "empty, a path, s3://BUCKET/KEY, gs://BUCKET/KEY or configmap:NAME",
@@ -321,7 +321,11 @@ class ServingConfig(Checked):
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """Everything one training task needs, in the six groups of the contract it uses."""
+    """Everything one training task needs, in the seven groups of the contract it uses.
+
+    The quality gate is among them so that a task refuses, before its first epoch, a gate on a metric the model
+    does not report (`trainer.training.setup.build`).
+    """
 
     runtime: RuntimeConfig
     data: DataConfig = DataConfig()
@@ -329,6 +333,7 @@ class TrainConfig:
     optim: OptimConfig = OptimConfig()
     cluster: ClusterConfig = ClusterConfig()
     storage: StorageConfig = StorageConfig()
+    publish: PublishConfig = PublishConfig()
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """The settings as plain JSON-ready dicts, group by group."""

@@ -159,6 +159,8 @@ def build(
     from trainer.modeling.cnn import build_model
     from trainer.modeling.user import build_user_model, reported_metrics
 
+    if gate is None and config.publish.gate:
+        gate = Gate.of(config.publish.gate, config.publish.min_accuracy)
     with strategy.scope():
         if prepared.model_fn:
             spec = config.model.model_fn
