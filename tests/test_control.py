@@ -4,12 +4,13 @@ are bounded, and it works over IPv6 (`::1`) as over IPv4. Real sockets on loopba
 import json
 import os
 import socket
-import time
+import subprocess
+import sys
 
 import pytest
 
 from trainer.cluster import control as control_lib
-from trainer.cluster.control import MAX_CONNECTIONS, MAX_LINE, Control, PeerState, seal
+from trainer.cluster.control import MAX_LINE, Control, PeerState, connection_limits, seal
 from trainer.cluster.local import free_ports
 from trainer.cluster.record import ClusterRecord
 from trainer.cluster.resume import CheckpointHome
@@ -130,7 +131,7 @@ def test_an_oversized_request_line_closes_the_connection_with_one_warning(served
 
 
 def test_a_connection_that_sends_nothing_is_closed_after_the_read_timeout(served, caplog, monkeypatch, quick_warnings):
-    monkeypatch.setattr(control_lib, "ASK_TIMEOUT", 0.5)
+    monkeypatch.setattr(control_lib, "PROOF_TIMEOUT", 0.5)
     _, _, port = served
     with _raw(port) as conn:
         _greeting(conn)
@@ -138,28 +139,50 @@ def test_a_connection_that_sends_nothing_is_closed_after_the_read_timeout(served
     assert any("no valid request (no complete line in time)" in r.getMessage() for r in caplog.records)
 
 
-def test_more_connections_than_allowed_are_closed_while_open_ones_are_served(served, caplog, monkeypatch):
-    monkeypatch.setattr(control_lib, "ASK_TIMEOUT", 60.0)
-    _, _, port = served
-    held = [_raw(port) for _ in range(MAX_CONNECTIONS)]
-    try:
-        challenges = [_greeting(conn) for conn in held]  # each is being served: it got its challenge
-        with _raw(port) as extra:
-            assert _read_all(extra) == b"", "one more is closed at once, without a challenge"
-        assert any(f"{MAX_CONNECTIONS} connections already open" in r.getMessage() for r in caplog.records)
-        held[0].sendall(_request(challenges[0], op="state"))
-        assert PeerState.from_json(json.loads(_read_all(held[0]))) == PeerState(1, "formed", 2)
-    finally:
-        for conn in held:
-            conn.close()
+def test_connections_held_open_without_the_secret_cannot_keep_the_runs_own_out(
+    served, caplog, monkeypatch, quick_warnings
+):
+    """Whoever reaches the port and holds connections open, never proving the run's secret, does not take the places
+    of the run's own: the one that waited longest makes room, and the run's poll is answered at its first try."""
+    monkeypatch.setattr(control_lib, "PROOF_TIMEOUT", 60.0)  # held connections stay until made room for
+    control, _, port = served
+    held = [_raw(port) for _ in range(4 * control.max_unproven)]
     asker = Control(free_ports(1)[0], [], secret=SECRET)
     try:
-        deadline = time.monotonic() + 30
-        while asker.ask(f"localhost:{port}") is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert asker.ask(f"localhost:{port}") == PeerState(1, "formed", 2), "closed connections free their places"
+        assert asker.ask(f"localhost:{port}") == PeerState(1, "formed", 2)
+        closed = held[: len(held) - control.max_unproven + 1]
+        for conn in closed:
+            data = _read_all(conn)
+            assert data == b"" or list(json.loads(data)) == ["nonce"], "closed, with its challenge at most"
+        crowded = [r.getMessage() for r in caplog.records if "had not proved" in r.getMessage()]
+        assert len(crowded) == len(closed) and crowded[0] == (
+            f"control channel: closed a connection from 127.0.0.1:{held[0].getsockname()[1]}: it had not proved the "
+            f"run's secret and {control.max_unproven} such connections were open"
+        )
     finally:
         asker.close()
+        for conn in held:
+            conn.close()
+
+
+def test_every_peers_poll_at_once_is_served_in_a_cluster_of_40(tmp_path):
+    assert connection_limits(1) == (5, 6) and connection_limits(63) == (67, 130)
+    assert connection_limits(500) == (68, 132), "peers counted up to MAX_WORKERS"
+    peers = [f"localhost:{p}" for p in range(1, 40)]
+    port = free_ports(1)[0]
+    control = Control(port, peers, secret=SECRET)
+    try:
+        control.set(2, "formed")
+        polls = [_raw(port) for _ in peers]
+        challenges = [_greeting(conn) for conn in polls]  # none is closed to make room for another
+        for conn, challenge in zip(polls, challenges, strict=True):
+            conn.sendall(_request(challenge, op="state"))
+        answers = [PeerState.from_json(json.loads(_read_all(conn))) for conn in polls]
+        assert answers == [PeerState(2, "formed", 0)] * len(peers)
+    finally:
+        for conn in polls:
+            conn.close()
+        control.close()
 
 
 def test_state_and_a_checkpoint_cross_the_channel_over_ipv6(tmp_path):
@@ -216,6 +239,41 @@ def test_a_channel_needs_the_runs_secret_and_the_record_carries_it_but_its_metad
     with pytest.raises(UsageError, match=r"cluster file '\S+cluster.json' has no control secret: it was written by an"):
         ClusterRecord.read(str(tmp_path))
     assert ClusterRecord.new({"worker": ["a:1"]}, {}, "local").secret == "", "no channel, no secret"
+
+
+_WRITE_A_RECORD = """
+import json, os, stat, sys
+from trainer.cluster.record import ClusterRecord
+
+modes = []
+
+def before_rename(event, args):
+    if event == "os.rename" and os.path.basename(str(args[0])).startswith("cluster.json"):
+        modes.append(oct(stat.S_IMODE(os.stat(args[0]).st_mode)))
+
+sys.addaudithook(before_rename)
+os.umask(0)
+ClusterRecord.new({"worker": ["a:1", "b:1"]}, {"worker": ["a:2", "b:2"]}, "kubernetes").write(sys.argv[1])
+print(json.dumps(modes))
+"""
+
+
+def test_cluster_json_is_its_owners_alone_from_its_first_byte(tmp_path):
+    """Made readable by others and then chmodded, a reader could open it in between: it is created 0600 (here under
+    umask 0, which opens every other file to all) and renamed into place so; the audit hook looks as it is renamed."""
+    from tests.conftest import ROOT
+
+    result = subprocess.run(
+        [sys.executable, "-c", _WRITE_A_RECORD, str(tmp_path)],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == ["0o600"], "the temporary file was its owner's alone when renamed"
+    assert os.stat(tmp_path / "cluster.json").st_mode & 0o777 == 0o600
+    assert os.listdir(tmp_path) == ["cluster.json"], "no temporary file left"
 
 
 def test_addresses_in_brackets_are_ipv6_and_bare_ones_are_refused():

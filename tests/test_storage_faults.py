@@ -19,7 +19,10 @@ import logging
 import os
 import re
 import socket
+import ssl
 import subprocess
+import sys
+import threading
 import uuid
 from pathlib import Path
 from urllib.parse import unquote
@@ -45,7 +48,7 @@ from trainer.storage.publish import publish
 LINEAGE = {"run_id": "run-1", "dataset": "sample", "model_uri": "m", "parameters": {}}
 NO_SPACE = "no space left on the device (ENOSPC); free space there or give the task a larger volume"
 READ_ONLY = "read-only file system (EROFS); mount it read-write or choose another location"
-THROTTLED = "the store is throttled or down: the task ends with 142 and is retried when it restarts"
+THROTTLED = re.escape(faults._TRANSIENT_ADVICE)  # its wording is the publishing side's
 
 
 # --- disks ---------------------------------------------------------------------------------------------------
@@ -473,6 +476,157 @@ def test_gs_a_quota_refusal_ends_5_and_a_permission_refusal_4(gcs):
     )
     assert gcs.objects == {}
     assert sum(1 for method, path in gcs.requests if method == "POST") == 2, "a refusal is not retried"
+
+
+# --- GCS through TensorFlow's own client (the epoch checkpoints) -----------------------------------------------
+
+
+class TensorFlowGcsStandIn:
+    """GCS as TensorFlow's gs:// client reaches it: an HTTPS proxy (`https_proxy`) that accepts the tunnel to
+    www.googleapis.com and answers inside it with a certificate of a test CA (`CURL_CA_BUNDLE`). Object metadata: 404,
+    listings: empty, every upload: 503. `env()` is what a process needs to write gs:// through it."""
+
+    def __init__(self, tmp_path: Path):
+        import trustme
+
+        ca = trustme.CA()
+        self._context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ca.issue_cert("www.googleapis.com", "storage.googleapis.com").configure_cert(self._context)
+        self._ca_file = tmp_path / "gcs-ca.pem"
+        ca.cert_pem.write_to_path(str(self._ca_file))
+        self.requests: list[str] = []
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self._server.settimeout(0.2)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def env(self, retries: int) -> dict[str, str]:
+        return {
+            "https_proxy": f"http://127.0.0.1:{self._server.getsockname()[1]}",
+            "CURL_CA_BUNDLE": str(self._ca_file),
+            "GOOGLE_AUTH_TOKEN_FOR_TESTING": "token",  # no metadata server
+            "GCS_RETRY_CONFIG_MAX_RETRIES": str(retries),
+            "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "1000",
+            "GCS_RETRY_CONFIG_MAX_DELAY_TIME_US": "2000",
+        }
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+        self._server.close()
+
+    def _serve(self):
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                conn, _ = self._server.accept()
+                conn.settimeout(30)
+                threading.Thread(target=self._tunnel, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _head(stream) -> list[str]:
+        lines = []
+        while (line := stream.readline()) not in (b"", b"\r\n"):
+            lines.append(line.decode().strip())
+        return lines
+
+    def _tunnel(self, conn):
+        with conn, contextlib.suppress(OSError):
+            if not self._head(conn.makefile("rb"))[0].startswith("CONNECT www.googleapis.com:443 "):
+                return
+            conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            with self._context.wrap_socket(conn, server_side=True) as tls:
+                stream = tls.makefile("rb")
+                while head := self._head(stream):
+                    method, target = head[0].split()[:2]
+                    self.requests.append(f"{method} {target}")
+                    length = [int(h.split(":")[1]) for h in head if h.lower().startswith("content-length:")]
+                    stream.read(length[0] if length else 0)
+                    if method == "GET" and "/o/" in target:
+                        status, body = "404 Not Found", {"error": {"code": 404, "message": "No such object"}}
+                    elif method == "GET":
+                        status, body = "200 OK", {"kind": "storage#objects"}
+                    else:
+                        status, body = "503 Service Unavailable", {"error": {"code": 503, "message": "Backend Error"}}
+                    data = json.dumps(body).encode()
+                    reply = f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+                    tls.sendall(f"{reply}\r\n".encode() + data)
+
+
+_WRITE_A_CHECKPOINT = """
+import sys
+import tensorflow as tf
+from trainer.cluster.resume import CheckpointHome
+from trainer.core.errors import exit_code
+from trainer.training.callbacks import EpochCheckpoints, ThroughputHistory
+
+module = tf.Module()
+module.weights = tf.Variable(tf.zeros([1000]))
+try:
+    EpochCheckpoints(module, CheckpointHome("gs://bkt/run/worker-0"), ThroughputHistory(10)).write(3)
+except Exception as err:
+    print(f"error: {err}", file=sys.stderr)
+    sys.exit(exit_code(err))
+"""
+
+
+@pytest.mark.slow  # TensorFlow in a process of its own: its gs:// client reads its retry settings once
+def test_a_gs_checkpoint_write_that_tensorflows_own_retries_give_up_on_ends_142(tmp_path):
+    """TensorFlow retries a 503 itself and then raises AbortedError "All N retry attempts failed": that is the
+    store's fault (142, retried), not a bug (1) nor, under MultiWorkerMirroredStrategy, a lost peer (138)."""
+    gcs = TensorFlowGcsStandIn(tmp_path)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", _WRITE_A_CHECKPOINT],
+            env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]), TF_CPP_MIN_LOG_LEVEL="2", **gcs.env(2)),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        gcs.stop()
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 142 and len(errors) == 1, result.stderr[-3000:]
+    assert re.fullmatch(
+        r"error: write the checkpoint of epoch 3 to 'gs://bkt/run/worker-0/ckpt-3': the store is throttled or "
+        r"unavailable \(AbortedError: All 2 retry attempts failed\. The last failure: Error executing an HTTP request: "
+        rf"HTTP response code 503 with body .*\); {THROTTLED}",
+        errors[0],
+    ), errors[0]
+    uploads = [r for r in gcs.requests if r.startswith("POST /upload/")]
+    assert len(uploads) == 3, f"TensorFlow's client tried the upload 1 + 2 times itself: {gcs.requests}"
+
+
+@pytest.mark.slow  # TensorFlow
+def test_tensorflow_resource_exhausted_is_no_space_only_by_its_message_and_unavailable_a_stores_only_when_writing():
+    import tensorflow as tf
+
+    with pytest.raises(tf.errors.ResourceExhaustedError, match="OOM when allocating tensor") as oom:
+        tf.zeros([2**40])  # 4 TiB: the allocator refuses at once
+    too_many_files = tf.errors.ResourceExhaustedError(None, None, "/data/train-00001.tfrecord; Too many open files")
+    for error in (oom.value, too_many_files):
+        assert faults.classify(error, "write 'x'", store_operation=True) is None, "memory and files are not space"
+    full = tf.errors.ResourceExhaustedError(None, None, "/ckpt/ckpt-3_temp/part-00000; No space left on device")
+    assert exit_code(faults.classify(full, "write 'x'")) == 3
+
+    unavailable = tf.errors.UnavailableError(None, None, "Error executing an HTTP request: libcurl code 7")
+    deadline = tf.errors.DeadlineExceededError(None, None, "Error executing an HTTP request: libcurl code 28")
+    retried = tf.errors.AbortedError(None, None, "All 10 retry attempts failed. The last failure: HTTP response 503")
+    for error in (unavailable, deadline, retried):
+        fault = faults.classify(error, "write the checkpoint of epoch 2 to 'gs://b/w/ckpt-2'", store_operation=True)
+        assert isinstance(fault, StoreUnavailableError) and exit_code(fault) == 142, error
+        assert str(fault).startswith(
+            f"write the checkpoint of epoch 2 to 'gs://b/w/ckpt-2': the store is throttled or unavailable "
+            f"({type(error).__name__}: "
+        ), str(fault)
+        assert faults.classify(error, "write 'x'") is None, "outside a store operation: a lost peer's, maybe"
+    peer_lost = [
+        tf.errors.UnavailableError(None, None, "Collective ops is aborted by: Socket closed"),
+        tf.errors.UnavailableError(None, None, "Task /job:worker/replica:0/task:1 heartbeat timeout"),
+        tf.errors.AbortedError(None, None, "The coordination service has stopped"),
+    ]
+    for error in peer_lost:
+        assert faults.classify(error, "write 'x'", store_operation=True) is None, error
 
 
 # --- the classifier on each provider's own errors ------------------------------------------------------------

@@ -13,11 +13,18 @@ request per connection, JSON lines:
 
 The channel belongs to the run: only a process holding the run's secret (`new_secret`, written by the cluster step
 into the run's cluster record, or by `trainer-launch` into its workers' environment) gets an answer. A request
-without a valid proof of it, a request line longer than `MAX_LINE` bytes or one not sent within `ASK_TIMEOUT`
+without a valid proof of it, a request line longer than `MAX_LINE` bytes or one not sent within `PROOF_TIMEOUT`
 closes the connection with one warning naming the peer's address, and never streams a checkpoint. Answers are
-sealed too, so a task only believes its own run's peers. At most `MAX_CONNECTIONS` connections are served at once
-(`MAX_SENDS` of them checkpoints); more are closed at once. It listens on IPv6 and IPv4 (one dual-stack socket), or
+sealed too, so a task only believes its own run's peers. It listens on IPv6 and IPv4 (one dual-stack socket), or
 on IPv4 alone where the pod has no IPv6.
+
+Connections are counted in two pools, both sized by the cluster (`connection_limits`). A connection that has not
+yet proved the secret has `PROOF_TIMEOUT` to do so and is one of at most one per peer and 4 more (every peer's poll
+at once fits); when one more comes, the one that has waited longest is closed to make room, so whoever reaches the
+port cannot keep the run's own requests out by holding connections open, only by opening them faster than the
+run's prove themselves (milliseconds): a flood, which only the network can stop. A proved connection is one of at
+most two per peer and 4 more (a poll and a fetch from each), `MAX_SENDS` of them checkpoints; more are closed at
+once.
 
 States: `starting` (no training process yet: waiting for peers, agreeing where to resume), `fetching` (receiving
 a peer's checkpoint: the peers' start-up watchdogs wait for it), `running` (the process is joining the cluster),
@@ -28,6 +35,7 @@ processes at once and restart together with it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import hashlib
@@ -43,6 +51,7 @@ from typing import IO, Any
 
 from trainer.cluster import tf_config as tf_config_lib
 from trainer.cluster.tf_config import connect_host, split_address
+from trainer.config.contract import MAX_WORKERS
 from trainer.core.errors import PeerFinishedError, PeerUnavailableError, StartupTimeoutError, UsageError
 
 log = logging.getLogger(__name__)
@@ -52,9 +61,9 @@ SECRET_ENV = "TRAINER_CONTROL_SECRET"
 MIN_SECRET_CHARS = 32
 PEER_POLL_SECONDS = 1.0
 ASK_TIMEOUT = 2.0
+PROOF_TIMEOUT = 1.0
 STALL_TIMEOUT = 60.0
 MAX_LINE = 4096
-MAX_CONNECTIONS = 16
 MAX_SENDS = 4
 WARN_EVERY_SECONDS = 10.0
 STATES = ("starting", "fetching", "running", "formed", "failed", "done")
@@ -64,6 +73,16 @@ _NONCE_CHARS = 32
 
 class LineTooLongError(ValueError):
     """A peer sent a line longer than allowed."""
+
+
+def connection_limits(peers: int) -> tuple[int, int]:
+    """How many connections a supervisor with `peers` peers holds at once: (not yet proved, proved).
+
+    Unproved: one per peer (a peer's polls come one at a time) and 4 more; proved: two per peer (a poll and a
+    fetch) and 4 more; peers counted up to `MAX_WORKERS`. A cluster of 2 workers: (5, 6); of 64: (67, 130).
+    """
+    counted = min(max(peers, 1), MAX_WORKERS)
+    return counted + 4, 2 * counted + 4
 
 
 def new_secret() -> str:
@@ -236,7 +255,11 @@ class Control:
         self._checkpoint = checkpoint
         self._send_checkpoint = send_checkpoint
         self._warn = _Warnings()
-        self._connections = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.max_unproven, self.max_proven = connection_limits(len(self.peers))
+        self._proven = threading.BoundedSemaphore(self.max_proven)
+        # Connections that have not proved the secret yet, oldest first, with their peers' addresses.
+        self._unproven: dict[socket.socket, str] = {}
+        self._unproven_lock = threading.Lock()
         self._sends = threading.BoundedSemaphore(MAX_SENDS)
         self._server = listen(listen_port)
         self._server.settimeout(0.5)
@@ -270,25 +293,52 @@ class Control:
                 conn, peer = self._server.accept()
             except (TimeoutError, OSError):
                 continue
-            if not self._connections.acquire(blocking=False):
+            name = peer_name(peer)
+            with self._unproven_lock:
+                crowded = next(iter(self._unproven.items())) if len(self._unproven) >= self.max_unproven else None
+                if crowded is not None:
+                    del self._unproven[crowded[0]]
+                    # Under the lock: its own thread closes it only after finding it gone from `_unproven`.
+                    with contextlib.suppress(OSError):
+                        crowded[0].shutdown(socket.SHUT_RDWR)
+                self._unproven[conn] = name
+            if crowded is not None:
                 self._warn(
-                    "busy", f"closed a connection from {peer_name(peer)}: {MAX_CONNECTIONS} connections already open"
+                    "crowded",
+                    f"closed a connection from {crowded[1]}: it had not proved the run's secret and "
+                    f"{self.max_unproven} such connections were open",
                 )
-                conn.close()
-                continue
             threading.Thread(
-                target=self._answer, args=(conn, peer_name(peer)), name="supervisor-control-peer", daemon=True
+                target=self._answer, args=(conn, name), name="supervisor-control-peer", daemon=True
             ).start()
 
+    def _crowded_out(self, conn: socket.socket, leave: bool = False) -> bool:
+        """Whether `conn` was closed to make room for a newer unproven one; with `leave`, no longer unproven."""
+        with self._unproven_lock:
+            if leave:
+                return self._unproven.pop(conn, None) is None
+            return conn not in self._unproven
+
     def _answer(self, conn: socket.socket, peer: str) -> None:
+        proven = crowded_out = False
         try:
             with conn:
-                challenge = secrets.token_hex(_NONCE_CHARS // 2)
-                conn.settimeout(ASK_TIMEOUT)
-                conn.sendall(_line({"nonce": challenge}))
-                request = self._request(conn, peer, challenge)
-                if request is None:
+                try:
+                    challenge = secrets.token_hex(_NONCE_CHARS // 2)
+                    conn.settimeout(PROOF_TIMEOUT)
+                    conn.sendall(_line({"nonce": challenge}))
+                    request = self._request(conn, peer, challenge)
+                finally:
+                    crowded_out = self._crowded_out(conn, leave=True)
+                if request is None or crowded_out:
                     return
+                if not self._proven.acquire(blocking=False):
+                    self._warn(
+                        "busy", f"closed a connection from {peer}: {self.max_proven} of the run's connections are open"
+                    )
+                    return
+                proven = True
+                conn.settimeout(ASK_TIMEOUT)
                 if request["op"] == "fetch":
                     self._send(conn, peer, request, _transfer_key(self._secret, challenge, request["nonce"]))
                     return
@@ -296,19 +346,24 @@ class Control:
                 state["mac"] = seal(self._secret, f"state\n{request['nonce']}", state)
                 conn.sendall(_line(state))
         except Exception as err:  # noqa: BLE001 - a peer's bad or broken request must not stop the server
-            log.warning("control channel: a request from %s failed: %s", peer, err)
+            if proven:
+                log.warning("control channel: a request from %s failed: %s", peer, err)
+            elif not crowded_out:
+                self._warn("failed", f"a request from {peer} failed: {err}")
         finally:
-            self._connections.release()
+            if proven:
+                self._proven.release()
 
     def _request(self, conn: socket.socket, peer: str, challenge: str) -> dict[str, Any] | None:
         """The peer's request when it proves the run's secret; None (and one warning) when it does not."""
         try:
-            request = json.loads(read_line(conn, MAX_LINE, time.monotonic() + ASK_TIMEOUT))
+            request = json.loads(read_line(conn, MAX_LINE, time.monotonic() + PROOF_TIMEOUT))
         except LineTooLongError:
             self._warn("long", f"closed a connection from {peer}: its request is longer than {MAX_LINE} bytes")
             return None
         except (TimeoutError, ConnectionError, ValueError) as err:
-            self._warn("bad", f"closed a connection from {peer}: no valid request ({err})")
+            if not self._crowded_out(conn):
+                self._warn("bad", f"closed a connection from {peer}: no valid request ({err})")
             return None
         if not (isinstance(request, dict) and _is_nonce(request.get("nonce")) and self._valid(request, challenge)):
             self._warn("secret", f"closed a connection from {peer}: its request does not prove the run's secret")

@@ -2,7 +2,8 @@
 
 It also carries the run's control secret (`trainer.cluster.control`): the file is an artifact of the run in the
 pipeline root, so whoever can read the run's artifacts can read it, as every task of the run does; the step's
-artifact metadata (shown in the KFP UI and kept in ML Metadata) leaves it out.
+artifact metadata (shown in the KFP UI and kept in ML Metadata) leaves it out. On a path it is created readable by
+its owner only (mode 0600) before its first byte is written.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ import contextlib
 import dataclasses
 import json
 import os
+import uuid
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from trainer.cluster.control import check_secret, new_secret
 from trainer.cluster.tf_config import validate_cluster
 from trainer.core.errors import UsageError
-from trainer.core.files import write_json
+from trainer.core.files import check_writable_parent, json_bytes, write_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,12 +79,21 @@ class ClusterRecord:
         return cls(cluster, control, data["mode"], secret)
 
     def write(self, directory: str) -> None:
-        """Writes cluster.json, with the secret, into `directory` (whole, or not at all)."""
+        """Writes cluster.json, with the secret, into `directory` (whole, or not at all).
+
+        On a path, a temporary sibling is created with mode 0600 (a mount without modes, gcsfuse, keeps its own),
+        written and renamed, so no reader but its owner ever sees the secret. A store's object takes one PUT.
+
+        Raises:
+            NoSpaceError, DeniedError, QuotaError, StoreUnavailableError: the disk or store failed the write
+                (`trainer.storage.faults`); nothing is left behind.
+        """
         path = os.path.join(directory, self.FILE)
-        write_json(path, dict(self.to_json(), secret=self.secret))
-        if "://" not in path:
-            with contextlib.suppress(OSError):  # a mount without modes (gcsfuse) keeps its own
-                os.chmod(path, 0o600)
+        data = json_bytes(dict(self.to_json(), secret=self.secret))
+        if "://" in path:
+            write_bytes(path, data)
+            return
+        _write_private(path, data)
 
     @classmethod
     def read(cls, directory: str) -> ClusterRecord:
@@ -98,3 +109,23 @@ class ClusterRecord:
         except (OSError, ValueError) as err:
             raise UsageError(f"cluster file {path!r} cannot be read: {err}") from None
         return cls.from_json(data, path)
+
+
+def _write_private(path: str, data: bytes) -> None:
+    """Writes `data` to the local `path` whole, readable and writable by its owner only from its creation on."""
+    from trainer.storage.faults import classify
+
+    check_writable_parent(path)
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except Exception as err:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        fault = classify(err, f"write {path!r}")
+        if fault is None:
+            raise
+        raise fault from err

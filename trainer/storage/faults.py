@@ -6,12 +6,21 @@ happened and what to do:
 
 | what failed                                                                       | fault                  | exit |
 | --------------------------------------------------------------------------------- | ---------------------- | ---- |
-| ENOSPC; S3 507 / XMinioStorageFull; TF `ResourceExhaustedError`, "No space left"  | NoSpaceError           | 3    |
+| ENOSPC; S3 507 / XMinioStorageFull; TF's "No space left on device"                | NoSpaceError           | 3    |
 | EACCES, EPERM, EROFS; S3 AccessDenied, InvalidAccessKeyId, SignatureDoesNotMatch, | DeniedError            | 4    |
 | 401/403; GCS 401/403 (other than quota); refused Google credentials               |                        |      |
 | EDQUOT; S3 codes naming a quota; GCS 403 quotaExceeded / storageQuotaExceeded     | QuotaError             | 5    |
 | S3 503 SlowDown, 500 InternalError, 502/504, throttling; GCS 408/429/5xx;         | StoreUnavailableError  | 142  |
-| connections refused, reset or timed out                                           | (transient: retried)   |      |
+| connections refused, reset or timed out; with `store_operation`: TF's             | (transient: retried)   |      |
+| `UnavailableError`, `DeadlineExceededError`, "All N retry attempts failed"        |                        |      |
+
+TensorFlow's `ResourceExhaustedError` is no fault of a store by its type alone: TensorFlow raises it for a full
+disk (its message says "No space left on device", matched above) but also for memory ("OOM when allocating
+tensor"), open files (EMFILE, ENFILE) and buffers (ENOBUFS), which are None here. TensorFlow's `UnavailableError`,
+`DeadlineExceededError` and `AbortedError` mean a lost peer during training (`trainer.training.mirrored`); only a
+caller whose operation is a write or read of a store through TensorFlow (the epoch checkpoint's write) passes
+`store_operation`, which makes them the store's: its gs:// client retries a 503, 429 or a timeout itself and then
+raises `AbortedError: All 10 retry attempts failed. The last failure: ...`.
 
 `retrying` runs an operation and retries a transient fault with exponential backoff and jitter: `ATTEMPTS`
 attempts in all, waiting a random time between half and all of 1, 2, 4, 8 s (`FIRST_DELAY` doubling, at most
@@ -82,25 +91,34 @@ _TRANSIENT_TYPES = {
     ("fsspec.exceptions", "FSTimeoutError"),
 }
 
+# What TensorFlow's errors of a lost peer say (its collectives, its coordination service's heartbeats).
+_PEER_SIGNS = ("collective", "coordination service", "heartbeat")
+
 _NO_SPACE_ADVICE = "free space there or give the task a larger volume"
 _QUOTA_ADVICE = "raise the quota or remove old files or versions there"
 _READ_ONLY_ADVICE = "mount it read-write or choose another location"
 _TRANSIENT_ADVICE = "the store is throttled or down: the task ends with 142 and is retried when it restarts"
 
 
-def classify(err: BaseException, where: str) -> StorageFaultError | None:
+def classify(err: BaseException, where: str, *, store_operation: bool = False) -> StorageFaultError | None:
     """The contract's fault for a failed store or disk operation, or None when `err` is not one of those.
 
     Args:
         err: what the operation raised (the provider's error may be its cause).
         where: what was being done to what, as the line starts: `writing '/data/x.json'`,
             `s3://models at http://minio:9000: write 'models/1/saved_model.pb'`.
+        store_operation: `where` is an operation on a store through TensorFlow's file system and nothing else (a
+            checkpoint's write): TensorFlow's UnavailableError and DeadlineExceededError, and the AbortedError its
+            gs:// client raises once its own retries are spent, are then the store's (StoreUnavailableError).
+            Elsewhere they may be a lost peer's and are None.
 
     Returns:
         NoSpaceError, DeniedError, QuotaError, or StoreUnavailableError for a transient fault (`retrying` retries
         those); None for anything else (a missing file, a bug), which callers raise as it is.
     """
     found = _fault(err)
+    if found is None and store_operation:
+        found = _tensorflow_transient(err)
     if found is None:
         return None
     kind, name, advice = found
@@ -303,6 +321,20 @@ def _by_message(err: BaseException) -> tuple[type[StorageFaultError], str, str] 
                 f"permission denied ({_detail(f'{kind}: {text}')})",
                 f"let the task's user (uid {os.getuid()}) write there or choose another location",
             )
-        if tensorflow and kind == "ResourceExhaustedError":
-            return NoSpaceError, f"out of space ({_detail(f'{kind}: {text}')})", _NO_SPACE_ADVICE
+    return None
+
+
+def _tensorflow_transient(err: BaseException) -> tuple[type[StorageFaultError], str, str] | None:
+    """TensorFlow's transient errors of a store: unavailable, a deadline, or its gs:// client's retries spent."""
+    for cause in _chain(err):
+        if not type(cause).__module__.startswith("tensorflow"):
+            continue
+        kind = type(cause).__name__
+        text = str(getattr(cause, "message", "") or cause)
+        if any(sign in text.lower() for sign in _PEER_SIGNS):
+            return None
+        if kind in ("UnavailableError", "DeadlineExceededError") or (
+            kind == "AbortedError" and "retry attempts failed" in text
+        ):
+            return StoreUnavailableError, _detail(f"{kind}: {text}"), _TRANSIENT_ADVICE
     return None

@@ -60,7 +60,7 @@ class EpochCheckpoints:
             from trainer.storage.faults import classify
 
             _discard_checkpoint(prefix)
-            fault = classify(err, f"write the checkpoint of epoch {epoch} to {prefix!r}")
+            fault = classify(err, f"write the checkpoint of epoch {epoch} to {prefix!r}", store_operation=True)
             if fault is None:
                 raise
             raise fault from err
