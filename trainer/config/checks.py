@@ -20,8 +20,6 @@ SOURCE_FORMS = (
 )
 FUNCTION_FORM = "package.module:function (a function importable in the image)"
 _FUNCTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
-_GATE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=)\s*([-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?)\s*$")
-GATE_FORM = "empty (accuracy >= min_accuracy), or METRIC>=VALUE or METRIC<=VALUE such as 'auc>=0.98' or 'loss<=0.1'"
 _DNS_SUBDOMAIN = re.compile(r"^$|^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _SERVING_NAME = re.compile(r"^([a-z]([-a-z0-9]*[a-z0-9])?)?$")
 _IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
@@ -134,14 +132,6 @@ def is_function(value: Any) -> bool:
     return isinstance(value, str) and bool(_FUNCTION.match(value))
 
 
-def parse_gate(value: str) -> tuple[str, str, float] | None:
-    """A gate's metric, comparison (`>=` or `<=`) and threshold; None when `value` is not one."""
-    match = _GATE.match(value) if isinstance(value, str) else None
-    if not match or not math.isfinite(float(match.group(3))):
-        return None
-    return match.group(1), match.group(2), float(match.group(3))
-
-
 def dns_subdomain_or_empty(what: str) -> Check:
     """Allows "" or a Kubernetes object name (a DNS-1123 subdomain)."""
     return Check(lambda v: isinstance(v, str) and bool(_DNS_SUBDOMAIN.match(v)), what)
@@ -197,3 +187,24 @@ def kserve_name_or_empty() -> Check:
 def image_tag() -> Check:
     """Allows a container image tag."""
     return Check(lambda v: isinstance(v, str) and bool(_IMAGE_TAG.match(v)), "an image tag such as 2.20.0")
+
+
+# A gate's metric is named as KFP names a run metric. The SDK takes any key (kfp 2.17.3, kfp/dsl/types/
+# artifact_types.py: Metrics.log_metric sets `self.metadata[metric] = value`); the API server refuses a run metric
+# named otherwise than `metricNamePattern` (kubeflow/pipelines backend/src/apiserver/server/util.go): a letter, then
+# letters, digits, '-' and '_', ending with a letter or a digit, at most 64 characters.
+METRIC_NAME = r"[A-Za-z](?:[-_A-Za-z0-9]{0,62}[A-Za-z0-9])?"
+_GATE = re.compile(rf"^\s*({METRIC_NAME})\s*(>=|<=)\s*([-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?)\s*$")
+GATE_FORM = (
+    "empty (accuracy >= min_accuracy), or METRIC>=VALUE or METRIC<=VALUE such as 'auc>=0.98', 'pr-auc>=0.9' or "
+    "'loss<=0.1', METRIC named as KFP names a metric: a letter, then letters, digits, '-' and '_', ending with a "
+    "letter or digit, at most 64 characters"
+)
+
+
+def parse_gate(value: str) -> tuple[str, str, float] | None:
+    """A gate's metric, comparison (`>=` or `<=`) and threshold; None when `value` is not one."""
+    match = _GATE.match(value) if isinstance(value, str) else None
+    if not match or not math.isfinite(float(match.group(3))):
+        return None
+    return match.group(1), match.group(2), float(match.group(3))

@@ -16,6 +16,7 @@ from typing import Any
 from trainer.config.checks import (
     FLAG,
     FUNCTION_FORM,
+    GATE_FORM,
     SOURCE_FORMS,
     Check,
     Checked,
@@ -31,11 +32,11 @@ from trainer.config.checks import (
     non_empty,
     number_between,
     one_of,
+    parse_gate,
     setting,
     text,
 )
 from trainer.core.errors import UsageError
-from trainer.evaluation.gate import GATE_FORM, parse_gate
 
 STRATEGIES = ("multi_worker_mirrored", "parameter_server")
 CLUSTER_MODES = ("kubernetes", "local")

@@ -60,7 +60,7 @@ def _named(err: BaseException, path: str) -> BaseException:
     """The storage fault `err` is while writing `path` (`trainer.storage.faults`), else `err` itself."""
     from trainer.storage.faults import classify
 
-    return classify(err, f"write {path!r}") or err
+    return classify(err, f"write {path!r}", store_operation=True) or err
 
 
 @contextlib.contextmanager

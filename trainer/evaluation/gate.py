@@ -4,30 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Iterable, Mapping
 
+from trainer.config.checks import GATE_FORM, parse_gate
 from trainer.core.errors import UsageError
-
-# A gate's metric is named as KFP names a run metric. The SDK takes any key (kfp 2.17.3, kfp/dsl/types/
-# artifact_types.py: Metrics.log_metric sets `self.metadata[metric] = value`); the API server refuses a run metric
-# named otherwise than `metricNamePattern` (kubeflow/pipelines backend/src/apiserver/server/util.go): a letter, then
-# letters, digits, '-' and '_', ending with a letter or a digit, at most 64 characters.
-METRIC_NAME = r"[A-Za-z](?:[-_A-Za-z0-9]{0,62}[A-Za-z0-9])?"
-_GATE = re.compile(rf"^\s*({METRIC_NAME})\s*(>=|<=)\s*([-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?)\s*$")
-GATE_FORM = (
-    "empty (accuracy >= min_accuracy), or METRIC>=VALUE or METRIC<=VALUE such as 'auc>=0.98', 'pr-auc>=0.9' or "
-    "'loss<=0.1', METRIC named as KFP names a metric: a letter, then letters, digits, '-' and '_', ending with a "
-    "letter or digit, at most 64 characters"
-)
-
-
-def parse_gate(value: str) -> tuple[str, str, float] | None:
-    """A gate's metric, comparison (`>=` or `<=`) and threshold; None when `value` is not one."""
-    match = _GATE.match(value) if isinstance(value, str) else None
-    if not match or not math.isfinite(float(match.group(3))):
-        return None
-    return match.group(1), match.group(2), float(match.group(3))
 
 
 @dataclasses.dataclass(frozen=True)
