@@ -8,6 +8,7 @@ from typing import Any
 
 from trainer.config.checks import FUNCTION_FORM, is_function
 from trainer.core.errors import UsageError
+from trainer.core.user_errors import one_line
 
 
 def load(spec: str, named_by: str) -> Callable[..., Any]:
@@ -32,26 +33,8 @@ def load(spec: str, named_by: str) -> Callable[..., Any]:
             "image or on PYTHONPATH"
         ) from None
     except Exception as err:
-        raise UsageError(f"{named_by}: importing module {module_name!r} failed: {_one_line(err)}") from None
+        raise UsageError(f"{named_by}: importing module {module_name!r} failed: {one_line(err)}") from None
     function = getattr(module, name, None)
     if not callable(function):
         raise UsageError(f"{named_by}: module {module_name!r} has no function {name!r}")
     return function
-
-
-def call(function: Callable[..., Any], named_by: str, *args: Any) -> Any:
-    """`function(*args)`; an exception it raises becomes one line naming the setting that named it.
-
-    Raises:
-        UsageError: the function raised.
-    """
-    try:
-        return function(*args)
-    except Exception as err:
-        shown = ", ".join(repr(a) if isinstance(a, str) else type(a).__name__ for a in args)
-        raise UsageError(f"{named_by} failed when called with ({shown}): {_one_line(err)}") from None
-
-
-def _one_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0][:300] if text else ''}".rstrip(": ")
