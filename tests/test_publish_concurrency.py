@@ -14,12 +14,15 @@ its model's name, so a version mixing two models' files would be seen.
 from __future__ import annotations
 
 import base64
+import fcntl
 import hashlib
 import json
 import logging
 import multiprocessing
 import os
+import signal
 import threading
+import time
 import urllib.parse
 import uuid
 from datetime import datetime, timezone
@@ -29,8 +32,9 @@ from werkzeug import Request, Response
 
 from tests.standins.s3 import BUCKET, FaultyProxy, S3Server
 from tests.standins.serving import serve
+from trainer.core.files import json_bytes
 from trainer.evaluation.gate import Gate
-from trainer.storage.publish import latest, publish
+from trainer.storage.publish import SPREAD, STALE_CLAIM, latest, publish
 
 SECOND = 1_900_000_000
 ACCURACIES = [0.81, 0.95, 0.88, 0.99, 0.84, 0.90, 0.86, 0.93]
@@ -72,6 +76,11 @@ class PathView:
                 out[os.path.relpath(full, self.uri)] = open(full, "rb").read()
         return out
 
+    def write(self, rel: str, data: bytes) -> None:
+        full = os.path.join(self.uri, rel)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        open(full, "wb").write(data)
+
 
 class S3View:
     """A publish location in moto's S3 server."""
@@ -86,6 +95,9 @@ class S3View:
     def files(self) -> dict[str, bytes]:
         keys = self.server.keys(self.prefix + "/")
         return {k[len(self.prefix) + 1 :]: self.server.read(k) for k in keys}
+
+    def write(self, rel: str, data: bytes) -> None:
+        self.server.client(self.server.publisher).put_object(Bucket=BUCKET, Key=f"{self.prefix}/{rel}", Body=data)
 
 
 class GcsView:
@@ -244,7 +256,7 @@ def view(request, tmp_path, monkeypatch):
     return PathView(tmp_path)
 
 
-def _publish(view, model_dir, accuracy, clock=lambda: SECOND, endpoint=None):
+def _publish(view, model_dir, accuracy, clock=lambda: SECOND, endpoint=None, nonce=None):
     name = os.path.basename(model_dir)
     return publish(
         model_dir,
@@ -253,7 +265,18 @@ def _publish(view, model_dir, accuracy, clock=lambda: SECOND, endpoint=None):
         {"run_id": name},
         view.endpoint if endpoint is None else endpoint,
         clock=clock,
+        **({"nonce": nonce} if nonce is not None else {}),
     )
+
+
+def _parts(*values: int):
+    """A `nonce` that draws `values` in turn: the random parts of version numbers, chosen by the test."""
+    drawn = iter(values)
+    return lambda: next(drawn)
+
+
+def _outcome(model: str, value: float, result) -> dict:
+    return {"model": model, "value": value, **vars_of(result)}
 
 
 def test_runs_in_the_same_second_get_the_next_free_number(view, models):
@@ -350,13 +373,15 @@ class IgnoresConditions(FaultyProxy):
     """A proxy in front of moto that answers like an S3 server ignoring If-None-Match and If-Match.
 
     A conditional PUT of a probe object that exists already gets 200, as from an old SeaweedFS that writes it;
-    everything else reaches moto unchanged.
+    everything else reaches moto unchanged, after `before(request)` (which may run another publish first, so that
+    its requests land between this request's sending and its arrival).
     """
 
     def __init__(self, upstream: str) -> None:
         super().__init__(upstream, lambda request: False)
         self.probes: list[str] = []
         self.conditional: list[str] = []
+        self.before = lambda request: None
 
     def __call__(self, environ, start_response):
         request = Request(environ)
@@ -369,29 +394,291 @@ class IgnoresConditions(FaultyProxy):
                 return Response(b"", status=200, headers=headers)(environ, start_response)
         if request.method == "PUT" and conditional and "/.conditional-probe-" not in request.path:
             self.conditional.append(request.path)
+        self.before(request)
         return super().__call__(environ, start_response)
 
 
-def test_a_store_that_ignores_conditional_writes_is_found_and_said(s3, models, monkeypatch, caplog):
+@pytest.fixture
+def ignoring(s3, monkeypatch):
+    """A fresh prefix in moto behind a proxy that ignores conditional writes, and the proxy."""
     for name, value in s3.publisher.env().items():
         monkeypatch.setenv(name, value)
-    view = S3View(s3)
     proxy = IgnoresConditions(s3.url)
-    try:
-        with caplog.at_level(logging.WARNING, logger="trainer.storage.conditional"):
-            first = _publish(view, models["model-0"], 0.90, endpoint=proxy.url)
-            second = _publish(view, models["model-1"], 0.92, endpoint=proxy.url)
-    finally:
-        proxy.stop()
+    yield S3View(s3, proxy.url), proxy
+    proxy.stop()
+
+
+BASE = SECOND * SPREAD  # the lowest number on a store that ignores conditions, in the second all these runs share
+
+
+def test_a_store_that_ignores_conditional_writes_is_found_and_said(ignoring, models, caplog):
+    view, proxy = ignoring
+    with caplog.at_level(logging.WARNING, logger="trainer.storage.conditional"):
+        first = _publish(view, models["model-0"], 0.90, nonce=_parts(417))
+        second = _publish(view, models["model-1"], 0.92, nonce=_parts(3))
     warnings = [r.getMessage() for r in caplog.records if "ignores conditional writes" in r.getMessage()]
     assert len(warnings) == 2 and warnings[0].startswith(f"s3://{BUCKET} at {proxy.url} ignores conditional writes")
-    assert "detected by reading back, not excluded" in warnings[0]
+    assert "does not exclude two runs publishing at the same moment" in warnings[0]
+    assert "can still leave a version mixing two models or latest.json naming the worse one" in warnings[0]
     assert len(proxy.probes) == 4 and len(set(proxy.probes)) == 2, "each publish probed: a create, a second create"
     assert proxy.conditional == [], "then claims and latest.json are written without conditions, and read back"
-    assert (first.version, second.version) == (SECOND, SECOND + 1) and second.published
+    assert (first.version, second.version) == (BASE + 417, BASE + 418 + 3), "seconds * 1000 + a random part"
+    assert second.published
     files = view.files()
-    assert json.loads(files["latest.json"])["version"] == SECOND + 1
+    assert json.loads(files["latest.json"])["version"] == BASE + 421
     assert not [rel for rel in files if rel.startswith((".staging-", ".conditional-probe-"))]
+
+
+def test_ignoring_store_two_runs_that_both_read_a_claim_absent_keep_their_own_versions(ignoring, models):
+    """A reads `.claims/N` absent and sends its claim; before it lands, B reads it absent too and publishes whole.
+
+    Both claims read back as their writer's. With one number per second both would own it: A would copy its
+    model over B's published version and then, moving above B, delete it. With a random part they differ.
+    """
+    view, proxy = ignoring
+    outcome = {}
+
+    def before(request):
+        if request.method == "PUT" and "/.claims/" in request.path and "b" not in outcome:
+            outcome["b"] = None
+            outcome["b"] = _publish(view, models["model-1"], 0.90, nonce=_parts(2))
+
+    proxy.before = before
+    a = _publish(view, models["model-0"], 0.95, nonce=_parts(1, 3))
+    b = outcome["b"]
+    results = [_outcome("model-0", 0.95, a), _outcome("model-1", 0.90, b)]
+    check_end_state(view, results, "accuracy", True)
+    assert (b.version, a.version) == (BASE + 2, BASE + 6), "A moved above B's number: from BASE + 3, drawing 3"
+
+
+def test_ignoring_store_a_number_that_holds_a_version_is_not_used(ignoring, models, caplog):
+    """As above, but B draws the same number as A: A's claim reads back as A's, yet the number holds B's version."""
+    view, proxy = ignoring
+    outcome = {}
+
+    def before(request):
+        if request.method == "PUT" and "/.claims/" in request.path and "b" not in outcome:
+            outcome["b"] = None
+            outcome["b"] = _publish(view, models["model-1"], 0.90, nonce=_parts(1))
+
+    proxy.before = before
+    with caplog.at_level(logging.WARNING, logger="trainer.storage.publish"):
+        a = _publish(view, models["model-0"], 0.95, nonce=_parts(1, 5))
+    b = outcome["b"]
+    results = [_outcome("model-0", 0.95, a), _outcome("model-1", 0.90, b)]
+    check_end_state(view, results, "accuracy", True)
+    assert (b.version, a.version) == (BASE + 1, BASE + 5)
+    assert f"version {BASE + 1} holds another run's version though its claim read back as this run's" in caplog.text
+
+
+def test_ignoring_store_a_claim_taken_over_during_promotion_leaves_the_number(ignoring, s3, models, caplog):
+    """Another run's claim of the same number lands while A copies its SavedModel: A leaves it and takes another."""
+    view, proxy = ignoring
+    other = b'{"claimed_by": "another run"}'
+    taken = []
+
+    def before(request):
+        copying = request.method == "PUT" and "x-amz-copy-source" in request.headers
+        if copying and request.path.endswith("/saved_model.pb") and not taken:
+            taken.append(request.path.split("/")[-2])
+            view.write(f".claims/{taken[0]}", other)
+
+    proxy.before = before
+    with caplog.at_level(logging.WARNING, logger="trainer.storage.publish"):
+        a = _publish(view, models["model-0"], 0.95, nonce=_parts(7, 0))
+    assert taken == [str(BASE + 7)]
+    assert a.published and a.version == BASE + 8, "above the number left, drawing 0"
+    assert f"version {BASE + 7}: another run claimed it at the same moment" in caplog.text
+    files = view.files()
+    assert files[f".claims/{BASE + 7}"] == other, "the number is left to the run that claimed it"
+    assert json.loads(files["latest.json"])["version"] == BASE + 8
+    assert files[f".claims/{BASE + 8}"] != other
+
+
+def test_ignoring_store_a_worse_model_that_overwrote_latest_json_names_the_better_again(ignoring, models):
+    """A (0.90) sends latest.json; before it lands, B (0.95) publishes whole; then A's write overwrites B's.
+
+    Both read back their own write. A then finds B's version, promoted since A read latest.json and better: it
+    names B in latest.json again and withdraws its own.
+    """
+    view, proxy = ignoring
+    outcome = {}
+
+    def before(request):
+        if request.method == "PUT" and request.path.endswith("/latest.json") and "b" not in outcome:
+            outcome["b"] = None
+            outcome["b"] = _publish(view, models["model-1"], 0.95, nonce=_parts(2))
+
+    proxy.before = before
+    a = _publish(view, models["model-0"], 0.90, nonce=_parts(1))
+    b = outcome["b"]
+    results = [_outcome("model-0", 0.90, a), _outcome("model-1", 0.95, b)]
+    check_end_state(view, results, "accuracy", True)
+    assert b.published and b.version == BASE + 4, "above A's version BASE + 1, which it saw"
+    assert not a.published
+    assert a.reason == f"not published: accuracy 0.9000 is below the published version {BASE + 4} (0.9500)"
+
+
+def test_ignoring_store_a_worse_version_numbered_above_the_named_one_is_overtaken(ignoring, models, tmp_path):
+    """Right after A named its version, another run's worse version appears numbered above it: A moves above."""
+    view, proxy = ignoring
+    other = _model(tmp_path, "model-other")
+    above = BASE + 500
+    placed = []
+
+    def before(request):
+        if request.method == "PUT" and request.path.endswith("/latest.json") and not placed:
+            placed.append(above)
+            _leave_version(view, above, other, 0.80, claimed_at=SECOND)
+
+    proxy.before = before
+    a = _publish(view, models["model-0"], 0.95, nonce=_parts(1, 9))
+    assert a.published and a.version == above + 1 + 9
+    files = view.files()
+    assert sorted(_versions(files)) == [above, above + 10], "A's first number was given up; the other is its run's"
+    assert json.loads(files["latest.json"])["version"] == above + 10
+
+
+def test_s3_a_server_rejecting_if_none_match_is_used_without_conditions(s3, models, monkeypatch, caplog):
+    """A server that answers the probe's first conditional create with 400 or 501 rather than ignoring it."""
+    for name, value in s3.publisher.env().items():
+        monkeypatch.setenv(name, value)
+    for status, code in ((501, "NotImplemented"), (400, "InvalidArgument")):
+        proxy = RejectsConditions(s3.url, status, code)
+        view = S3View(s3, proxy.url)
+        caplog.clear()
+        try:
+            with caplog.at_level(logging.INFO, logger="trainer.storage"):
+                result = _publish(view, models["model-0"], 0.90, nonce=_parts(11))
+        finally:
+            proxy.stop()
+        assert result.published and result.version == BASE + 11, (status, result)
+        assert f"{view.uri} answered a create with If-None-Match: * with {status} {code}" in caplog.text
+        assert "ignores conditional writes" in caplog.text
+        assert proxy.rejected == 1, "only the probe's first create carried a condition"
+        assert sorted(_versions(view.files())) == [BASE + 11]
+
+
+class RejectsConditions(FaultyProxy):
+    """A proxy in front of moto that answers `status` `code` to every PUT carrying If-None-Match or If-Match."""
+
+    def __init__(self, upstream: str, status: int, code: str) -> None:
+        super().__init__(upstream, lambda request: False)
+        self.status, self.code, self.rejected = status, code, 0
+
+    def __call__(self, environ, start_response):
+        request = Request(environ)
+        if request.method == "PUT" and ("If-None-Match" in request.headers or "If-Match" in request.headers):
+            self.rejected += 1
+            body = f"<Error><Code>{self.code}</Code><Message>conditional writes are not implemented</Message></Error>"
+            return Response(body.encode(), status=self.status, content_type="application/xml")(environ, start_response)
+        return super().__call__(environ, start_response)
+
+
+# --- runs stopped between promotion and latest.json ------------------------------------------------------------
+
+
+def _leave_version(view, number: int, model_dir: str, accuracy: float, claimed_at: float) -> None:
+    """A complete version with its dated claim, as a run stopped before naming it in latest.json leaves it."""
+    name = os.path.basename(model_dir)
+    for rel in MODEL_FILES:
+        view.write(f"{number}/{rel}", open(os.path.join(model_dir, rel), "rb").read())
+    record = {"version": number, "path": f"{view.uri}/{number}", "metrics": {"accuracy": accuracy}}
+    view.write(f"{number}/metrics.json", json_bytes({**record, "lineage": {"run_id": name}}))
+    claim = {"claimed_by": "a stopped run", "run_id": name, "claimed_at": claimed_at}
+    view.write(f".claims/{number}", json_bytes(claim))
+
+
+def test_versions_left_above_latest_by_stopped_runs_are_withdrawn_after_an_hour(view, models, tmp_path, caplog):
+    """Above latest.json's version: one claimed an hour ago is withdrawn, a younger one is left to its run."""
+    assert _publish(view, models["model-0"], 0.90).version == SECOND
+    dead, young, below = _model(tmp_path, "dead"), _model(tmp_path, "young"), _model(tmp_path, "below")
+    _leave_version(view, SECOND + 5, dead, 0.99, claimed_at=SECOND)
+    _leave_version(view, SECOND + 7, young, 0.98, claimed_at=SECOND + 1)
+    _leave_version(view, SECOND - 9, below, 0.97, claimed_at=SECOND - 9)
+    now = SECOND + STALE_CLAIM
+    with caplog.at_level(logging.INFO, logger="trainer.storage.publish"):
+        result = _publish(view, models["model-1"], 0.91, clock=lambda: now)
+    assert result.published and result.version == now
+    withdrawn = [r.getMessage() for r in caplog.records if r.getMessage().startswith("withdrew version")]
+    assert withdrawn == [
+        f"withdrew version {SECOND + 5}: claimed 3600 s ago by run 'dead', which never named it in latest.json "
+        "(stopped between its claim and latest.json); TF Serving would have served it as the highest number"
+    ]
+    assert f"version {SECOND + 7} above latest.json's, claimed 3599 s ago: left to the run publishing it" in caplog.text
+    files = view.files()
+    assert sorted(_versions(files)) == [SECOND - 9, SECOND, SECOND + 7, now], "below latest.json's: not served, left"
+    assert sorted(rel for rel in files if rel.startswith(".claims/")) == [
+        f".claims/{n}" for n in sorted([SECOND - 9, SECOND, SECOND + 7, now], key=str)
+    ]
+
+
+def _publish_until_stopped(model_dir: str, uri: str, second: int) -> None:
+    """A spawned publish step (run_step: the exit-code contract) with `second` as its clock."""
+    from trainer.cli import run_step
+
+    run_step(
+        publish,
+        saved_model_dir=model_dir,
+        metrics={"accuracy": 0.97},
+        publish_uri=uri,
+        lineage={"run_id": "stopped"},
+        clock=lambda: second,
+    )
+
+
+def _wait_for(condition, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_publish_stopped_between_promotion_and_latest_json_leaves_no_version_above_it(tmp_path, models, capfd, stop):
+    """The step has promoted its version and waits for latest.json's lock, which the test holds; then it is stopped.
+
+    SIGTERM (Kubernetes stopping the pod): the step withdraws its version and ends with 143. SIGKILL: the version
+    is left above latest.json's, where TF Serving would serve it; a publish within the hour leaves it to its run,
+    the first one an hour after its claim withdraws it.
+    """
+    view = PathView(tmp_path)
+    assert _publish(view, models["model-0"], 0.90).version == SECOND
+    stopped = SECOND + 1
+    context = multiprocessing.get_context("spawn")
+    with open(os.path.join(view.uri, ".latest.json.lock"), "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        child = context.Process(target=_publish_until_stopped, args=(models["model-1"], view.uri, stopped))
+        child.start()
+        try:
+            _wait_for(lambda: os.path.isdir(os.path.join(view.uri, str(stopped))), "the promoted version")
+            os.kill(child.pid, stop)
+            child.join(timeout=60)
+        finally:
+            if child.is_alive():
+                child.kill()
+                child.join()
+    files = view.files()
+    assert json.loads(files["latest.json"])["version"] == SECOND
+    if stop == signal.SIGTERM:
+        assert child.exitcode == 143
+        assert "publish stopped by SIGTERM: an unfinished version is withdrawn" in capfd.readouterr().err
+        assert sorted(_versions(files)) == [SECOND], "the stopped run's version is withdrawn"
+        assert sorted(rel for rel in files if rel.startswith(".")) == [f".claims/{SECOND}", ".latest.json.lock"]
+        return
+    assert child.exitcode == -signal.SIGKILL
+    assert sorted(_versions(files)) == [SECOND, stopped], "SIGKILL leaves the promoted version above latest.json's"
+    soon = _publish(view, models["model-2"], 0.80, clock=lambda: stopped + 60)
+    assert not soon.published and stopped in _versions(view.files()), "a publish within the hour leaves it"
+    later = _publish(view, models["model-3"], 0.91, clock=lambda: stopped + STALE_CLAIM)
+    assert later.published and later.version == stopped + STALE_CLAIM
+    files = view.files()
+    assert sorted(_versions(files)) == [SECOND, stopped + STALE_CLAIM]
+    assert sorted(rel for rel in files if rel.startswith(".claims/")) == [
+        f".claims/{SECOND}",
+        f".claims/{stopped + STALE_CLAIM}",
+    ]
+    assert not [rel for rel in files if rel.startswith(".staging-")]
 
 
 # --- GCS: gcsfs against a stand-in of the JSON API -------------------------------------------------------------
@@ -584,7 +871,7 @@ def test_latest_json_replaced_under_every_try_ends_142_with_one_line_and_nothing
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert exit_info.value.code == 142 and errors == [
         f"error: {view.uri}/latest.json: other runs replaced it before each of this run's tries to replace it (1); "
-        "the task ends with 142 and is retried when it restarts"
+        "the step ends with 142 (a store fault that a later run or a KFP retry of the run may not meet)"
     ]
     files = view.files()
     assert sorted(_versions(files)) == [SECOND], "A's version and claim are withdrawn"

@@ -14,9 +14,11 @@ Publishing (`trainer.storage.publish`) claims its version number with `create` a
 Not every S3 server honours those headers: AWS since 2024, MinIO, SeaweedFS from 3.97 (atomically under
 concurrency only from 4.18; older releases ignore them and overwrite). So the first conditional call on an S3
 location probes: it creates a probe object twice with `If-None-Match: *` and replaces it with a wrong `If-Match`;
-both must be refused with 412. A server that accepts either is used without conditions: `create` checks, writes
-and reads back, `replace` compares, writes and reads back, and a warning says that concurrent writers are no
-longer excluded, only detected after the fact.
+both must be refused with 412. A server that accepts either, or answers 400 or 501 to the headers, is used without
+conditions: `create` checks, writes and reads back, `replace` compares, writes and reads back, and a warning says
+so. That does not exclude two writers: both can read "absent" (or the same ETag), both write, and each read back
+its own write before the other's lands. `trainer.storage.publish` copes with that as far as it can (version
+numbers with a random part, checks after promoting and after replacing latest.json) and says what is left.
 
 A conditional write whose response was lost is retried by the store's client (or `Location.call`) and then
 refused by the store's own first success; `create` therefore counts a refusal as its own when the object holds
@@ -63,7 +65,7 @@ class Store:
 
     @property
     def atomic(self) -> bool:
-        """Whether the store excludes concurrent writers itself (False: they are detected by reading back only)."""
+        """Whether the store excludes concurrent writers itself (False: writes are only read back, see above)."""
         return self._atomic()
 
     def create(self, data: bytes, *parts: str) -> bool:
@@ -179,9 +181,13 @@ class S3Store(Store):
             self._probed = self._probe()
             if not self._probed:
                 log.warning(
-                    "s3://%s%s ignores conditional writes (If-None-Match / If-Match on PutObject): concurrent "
-                    "writers to %s are detected by reading back, not excluded; use a store that honours them (AWS "
-                    "S3, MinIO, SeaweedFS 4.18 or later)",
+                    "s3://%s%s ignores conditional writes (If-None-Match / If-Match on PutObject): writes to %s are "
+                    "only read back, which does not exclude two runs publishing at the same moment; each run's "
+                    "version number gets a random part and is checked after promotion, and latest.json is checked "
+                    "after it is replaced, but two runs that draw the same number in the same second, or a write "
+                    "delayed past the other run's checks, can still leave a version mixing two models or "
+                    "latest.json naming the worse one; use a store that honours them (AWS S3, MinIO, SeaweedFS 4.18 "
+                    "or later)",
                     self.target.bucket,
                     f" at {self.target.endpoint}" if self.target.endpoint else "",
                     self.target.uri,
@@ -229,10 +235,20 @@ class S3Store(Store):
         return self.target.call("read", key, lambda: sync(fs.loop, get))
 
     def _probe(self) -> bool:
-        """Whether the server refuses a second `If-None-Match: *` create and a wrong `If-Match` (412 both)."""
+        """Whether the server refuses a second `If-None-Match: *` create and a wrong `If-Match` (412 both).
+
+        A first create answered 400 or 501 (a server that rejects the header rather than ignoring it) means no.
+        """
         key = self.target.path(f"{PROBE}{uuid.uuid4().hex}")
         try:
-            if not self._put(key, b"1", IfNoneMatch="*"):
+            try:
+                created = self._put(key, b"1", IfNoneMatch="*")
+            except Exception as err:
+                if not _rejects_header(err):
+                    raise
+                log.info("%s answered a create with If-None-Match: * with %s", self.target.uri, _status_of(err))
+                return False
+            if not created:
                 return False
             return self._refuses(key, IfNoneMatch="*") and self._refuses(key, IfMatch='"' + "0" * 32 + '"')
         finally:
@@ -277,6 +293,42 @@ def _s3_code(err: BaseException) -> str:
         if isinstance(response, dict) and "Error" in response:
             return str(response["Error"].get("Code", ""))
     return ""
+
+
+def _chain(err: BaseException) -> list[BaseException]:
+    """`err` and the exceptions behind it (causes and contexts), each once."""
+    found: list[BaseException] = []
+    pending: list[BaseException | None] = [err]
+    while pending:
+        cause = pending.pop()
+        if cause is None or any(cause is seen for seen in found):
+            continue
+        found.append(cause)
+        pending += [cause.__cause__, cause.__context__]
+    return found
+
+
+def _status_of(err: BaseException) -> str:
+    """The HTTP status and S3 error code behind `err` (`501 NotImplemented`), as far as they are known."""
+    for cause in _chain(err):
+        response = getattr(cause, "response", None)
+        if isinstance(response, dict) and ("Error" in response or "ResponseMetadata" in response):
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", "")
+            return f"{status} {response.get('Error', {}).get('Code', '')}".strip()
+    return type(err).__name__
+
+
+def _rejects_header(err: BaseException) -> bool:
+    """Whether a conditional PutObject failed with 400 or 501: the server does not take the header."""
+    for cause in _chain(err):
+        response = getattr(cause, "response", None)
+        if not isinstance(response, dict):
+            continue
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        code = str(response.get("Error", {}).get("Code", ""))
+        if status in (400, 501) or code in ("NotImplemented", "InvalidArgument", "InvalidRequest", "BadRequest"):
+            return True
+    return False
 
 
 def _refused_precondition(err: BaseException) -> bool:

@@ -97,7 +97,10 @@ _PEER_SIGNS = ("collective", "coordination service", "heartbeat")
 _NO_SPACE_ADVICE = "free space there or give the task a larger volume"
 _QUOTA_ADVICE = "raise the quota or remove old files or versions there"
 _READ_ONLY_ADVICE = "mount it read-write or choose another location"
-_TRANSIENT_ADVICE = "the store is throttled or down: the task ends with 142 and is retried when it restarts"
+_TRANSIENT_ADVICE = (
+    "the store is throttled or down: the task ends with 142 (a store fault that a training task's restart, a later "
+    "run or a KFP retry of the run may not meet)"
+)
 
 
 def classify(err: BaseException, where: str, *, store_operation: bool = False) -> StorageFaultError | None:
