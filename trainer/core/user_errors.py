@@ -123,7 +123,8 @@ def retried(attempt: Callable[[], T], what: str, attempts: int | None = None) ->
             if number == attempts:
                 raise StoreUnavailableError(
                     f"{err}; a transient error of {what}, it failed the same way {attempts} times in "
-                    f"{time.monotonic() - started:.1f} s: the step ends with 142 and is retried when it restarts"
+                    f"{time.monotonic() - started:.1f} s: the step ends with 142 (a training task restarts on it; a "
+                    "later run or a KFP retry of the run may not meet it)"
                 ) from None
             delay = min(faults.MAX_DELAY, faults.FIRST_DELAY * 2 ** (number - 1))
             delay = random.uniform(delay / 2, delay)
