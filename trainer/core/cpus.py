@@ -22,6 +22,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from trainer.core import cgroups
+
 
 @dataclasses.dataclass(frozen=True)
 class CpuBudget:
@@ -40,65 +42,10 @@ class CpuBudget:
         return f"{self.cpus:g} CPU{'' if self.cpus == 1 else 's'} ({self.source})"
 
 
-@dataclasses.dataclass(frozen=True)
-class _Mount:
-    version: int
-    root: str
-    point: str
-
-
-def _cgroup_mounts(proc: Path) -> list[_Mount]:
-    """The cgroup v2 mount and the v1 mounts that carry the `cpu` controller, from mountinfo."""
-    found = []
-    try:
-        lines = (proc / "self" / "mountinfo").read_text().splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        fields = line.split()
-        if " - " not in line or len(fields) < 5:
-            continue
-        after = line.split(" - ", 1)[1].split()
-        fstype = after[0] if after else ""
-        options = after[2].split(",") if len(after) > 2 else []
-        root, point = fields[3], fields[4].replace("\\040", " ")
-        if fstype == "cgroup2":
-            found.append(_Mount(2, root, point))
-        elif fstype == "cgroup" and "cpu" in options:
-            found.append(_Mount(1, root, point))
-    return found
-
-
-def _own_cgroups(proc: Path) -> dict[int, str]:
-    """This process's cgroup path in the v2 hierarchy (key 2) and in the v1 hierarchy holding `cpu` (key 1)."""
-    paths: dict[int, str] = {}
-    try:
-        lines = (proc / "self" / "cgroup").read_text().splitlines()
-    except OSError:
-        return paths
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        hierarchy, controllers, path = parts
-        if hierarchy == "0" and controllers == "":
-            paths[2] = path
-        elif "cpu" in controllers.split(","):
-            paths[1] = path
-    return paths
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return None
-
-
 def _quota(directory: Path, version: int) -> float | None:
     """The CPU quota set on one cgroup directory, in CPUs; None when it sets none."""
     if version == 2:
-        text = _read(directory / "cpu.max")
+        text = cgroups.read(directory / "cpu.max")
         if not text:
             return None
         quota, _, period = text.partition(" ")
@@ -108,7 +55,8 @@ def _quota(directory: Path, version: int) -> float | None:
             return int(quota) / int(period or 100_000)
         except ValueError:
             return None
-    quota_text, period_text = _read(directory / "cpu.cfs_quota_us"), _read(directory / "cpu.cfs_period_us")
+    quota_text = cgroups.read(directory / "cpu.cfs_quota_us")
+    period_text = cgroups.read(directory / "cpu.cfs_period_us")
     try:
         quota, period = int(quota_text or -1), int(period_text or 0)
     except ValueError:
@@ -118,27 +66,7 @@ def _quota(directory: Path, version: int) -> float | None:
 
 def _cgroup_quota(proc: Path) -> tuple[float, str] | None:
     """The smallest CPU quota on this process's cgroup and its ancestors, with where it was found."""
-    own = _own_cgroups(proc)
-    for mount in sorted(_cgroup_mounts(proc), key=lambda m: -m.version):
-        path = own.get(mount.version)
-        if path is None:
-            continue
-        relative = os.path.relpath(path, mount.root) if path.startswith(mount.root) else None
-        if relative is None or relative.startswith(".."):
-            relative = "."
-        directory = Path(mount.point) / relative
-        best: tuple[float, str] | None = None
-        while True:
-            quota = _quota(directory, mount.version)
-            if quota is not None and (best is None or quota < best[0]):
-                name = "cpu.max" if mount.version == 2 else "cpu.cfs_quota_us"
-                best = (quota, f"cgroup v{mount.version} {name} of {directory}")
-            if directory == Path(mount.point) or directory.parent == directory:
-                break
-            directory = directory.parent
-        if best:
-            return best
-    return None
+    return cgroups.smallest(proc, "cpu", _quota, ("cpu.cfs_quota_us", "cpu.max"))
 
 
 def cpu_budget(proc: str | os.PathLike[str] = "/proc", affinity: set[int] | None = None) -> CpuBudget:

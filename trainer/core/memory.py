@@ -23,6 +23,8 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from trainer.core import cgroups
+
 MEMORY_FRACTION = 0.25
 DISK_FRACTION = 0.5
 LIMIT_ENV = "TRAINER_MEMORY_LIMIT"
@@ -135,49 +137,9 @@ def memory_limit(proc: str | os.PathLike[str] = "/proc", env: Mapping[str, str] 
     return MemoryLimit(total, "the machine's memory: no cgroup limit")
 
 
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return None
-
-
-def _mounts(proc: Path) -> list[tuple[int, str, str]]:
-    """(version, root, mount point) of the cgroup v2 mount and of the v1 mounts carrying `memory`, from mountinfo."""
-    found = []
-    for line in (_read(proc / "self" / "mountinfo") or "").splitlines():
-        fields = line.split()
-        if " - " not in line or len(fields) < 5:
-            continue
-        after = line.split(" - ", 1)[1].split()
-        fstype = after[0] if after else ""
-        options = after[2].split(",") if len(after) > 2 else []
-        root, point = fields[3], fields[4].replace("\\040", " ")
-        if fstype == "cgroup2":
-            found.append((2, root, point))
-        elif fstype == "cgroup" and "memory" in options:
-            found.append((1, root, point))
-    return found
-
-
-def _own_cgroups(proc: Path) -> dict[int, str]:
-    """This process's cgroup path in the v2 hierarchy (key 2) and in the v1 hierarchy holding `memory` (key 1)."""
-    paths: dict[int, str] = {}
-    for line in (_read(proc / "self" / "cgroup") or "").splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        hierarchy, controllers, path = parts
-        if hierarchy == "0" and controllers == "":
-            paths[2] = path
-        elif "memory" in controllers.split(","):
-            paths[1] = path
-    return paths
-
-
 def _limit(directory: Path, version: int) -> int | None:
     """The memory limit set on one cgroup directory in bytes; None when it sets none."""
-    text = _read(directory / ("memory.max" if version == 2 else "memory.limit_in_bytes"))
+    text = cgroups.read(directory / ("memory.max" if version == 2 else "memory.limit_in_bytes"))
     if not text or text == "max":
         return None
     try:
@@ -189,24 +151,4 @@ def _limit(directory: Path, version: int) -> int | None:
 
 def _cgroup_limit(proc: Path) -> tuple[int, str] | None:
     """The smallest memory limit on this process's cgroup and its ancestors, with where it was found."""
-    own = _own_cgroups(proc)
-    for version, root, point in sorted(_mounts(proc), key=lambda m: -m[0]):
-        path = own.get(version)
-        if path is None:
-            continue
-        relative = os.path.relpath(path, root) if path.startswith(root) else None
-        if relative is None or relative.startswith(".."):
-            relative = "."
-        directory = Path(point) / relative
-        best: tuple[int, str] | None = None
-        while True:
-            limit = _limit(directory, version)
-            if limit is not None and (best is None or limit < best[0]):
-                name = "memory.max" if version == 2 else "memory.limit_in_bytes"
-                best = (limit, f"cgroup v{version} {name} of {directory}")
-            if directory == Path(point) or directory.parent == directory:
-                break
-            directory = directory.parent
-        if best:
-            return best
-    return None
+    return cgroups.smallest(proc, "memory", _limit, ("memory.limit_in_bytes", "memory.max"))
