@@ -396,7 +396,7 @@ def test_a_hand_over_that_stalls_ends_the_task_with_138_naming_the_stall(survivo
     finally:
         released.set()
         own.close()
-    err = capsys.readouterr().err.splitlines()
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(err) == 1 and re.fullmatch(
         r"error: worker 1: the hand-over of the checkpoint of epoch 4 stalled: no byte for \d+s \(limit 1s\) after 0 "
         rf"bytes; last: cannot fetch the checkpoint of epoch 4 from localhost:{ports[0]}: timed out",
@@ -433,7 +433,7 @@ def test_a_full_disk_while_receiving_is_no_space_exit_3_and_the_old_checkpoint_s
         assert supervisor.run() == EXIT_NO_SPACE
     finally:
         own.close()
-    err = capsys.readouterr().err.splitlines()
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(err) == 1 and re.fullmatch(
         rf"error: worker 1: no space left on the disk of {re.escape(home.uri)} for the checkpoint of epoch 4 from "
         rf"localhost:{ports[0]}: it needs 8388614 bytes \(8\.4 MB in all\), \d+ are free; free space there or give "
@@ -476,7 +476,7 @@ def test_a_disk_that_fills_during_the_transfer_is_no_space_exit_3(survivor, tmp_
         assert supervisor.run() == EXIT_NO_SPACE
     finally:
         own.close()
-    err = capsys.readouterr().err.splitlines()
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(err) == 1 and re.fullmatch(
         rf"error: worker 1: no space left on the disk of {re.escape(home.uri)} while receiving the checkpoint of "
         rf"epoch 4 from localhost:{ports[0]}: it needs 8388614 bytes \(8\.4 MB\), the disk filled after [\d.]+ MB; "
