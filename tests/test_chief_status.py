@@ -78,9 +78,10 @@ def test_a_server_task_ends_when_the_chief_is_done_and_its_command_is_stopped(tm
     path = tmp_path / "status.json"
     _status(path, "succeeded")
     started = []
+    before = {int(p) for p in os.listdir("/proc") if p.isdigit() and _child_of_us(p)}
 
     def over():
-        started.extend(int(p) for p in os.listdir("/proc") if p.isdigit() and _child_of_us(p))
+        started.extend(int(p) for p in os.listdir("/proc") if p.isdigit() and _child_of_us(p) and int(p) not in before)
         return ChiefWatch(FileStatus(str(path)), 5, 60, "ps 0").over()
 
     supervisor = Supervisor(SLEEPER, dict(os.environ), None, 60, max_restarts=2, over=over)
