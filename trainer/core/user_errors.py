@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import builtins
 import logging
-import random
 import re
 import sys
 import time
@@ -126,8 +125,7 @@ def retried(attempt: Callable[[], T], what: str, attempts: int | None = None) ->
                     f"{time.monotonic() - started:.1f} s: the step ends with 142 (a training task restarts on it; a "
                     "later run or a KFP retry of the run may not meet it)"
                 ) from None
-            delay = min(faults.MAX_DELAY, faults.FIRST_DELAY * 2 ** (number - 1))
-            delay = random.uniform(delay / 2, delay)
+            delay = faults.backoff(number)
             log.warning("%s; attempt %d of %d failed, retrying in %.1f s", err, number, attempts, delay)
             time.sleep(delay)
     raise AssertionError("unreachable")

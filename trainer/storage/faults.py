@@ -132,6 +132,16 @@ def classify(err: BaseException, where: str, *, store_operation: bool = False) -
     return kind(f"{where}: {name}; {advice}")
 
 
+def backoff(attempt: int) -> float:
+    """Seconds to wait after failed attempt `attempt` (from 1): FIRST_DELAY doubling to MAX_DELAY, jittered."""
+    delay = min(MAX_DELAY, FIRST_DELAY * 2 ** (attempt - 1))
+    return random.uniform(delay / 2, delay)
+
+
+def _permission_advice() -> str:
+    return f"let the task's user (uid {os.getuid()}) write there or choose another location"
+
+
 def retrying(
     fn: Callable[[], T],
     what: str,
@@ -171,8 +181,7 @@ def retrying(
                     f"{what}: the store stayed throttled or unavailable through {tries} in "
                     f"{time.monotonic() - started:.1f} s (last: {name}); {_TRANSIENT_ADVICE}"
                 ) from err
-            delay = min(MAX_DELAY, FIRST_DELAY * 2 ** (attempt - 1))
-            delay = random.uniform(delay / 2, delay)
+            delay = backoff(attempt)
             log.warning("%s: %s; attempt %d of %d failed, retrying in %.1f s", what, name, attempt, attempts, delay)
             time.sleep(delay)
     raise AssertionError("unreachable")
@@ -281,11 +290,7 @@ def _os_fault(err: BaseException) -> tuple[type[StorageFaultError], str, str] | 
         if cause.errno == errno.EROFS:
             return DeniedError, f"read-only file system ({code})", _READ_ONLY_ADVICE
         if cause.errno in (errno.EACCES, errno.EPERM):
-            return (
-                DeniedError,
-                f"permission denied ({code})",
-                f"let the task's user (uid {os.getuid()}) write there or choose another location",
-            )
+            return DeniedError, f"permission denied ({code})", _permission_advice()
     return None
 
 
@@ -319,11 +324,7 @@ def _by_message(err: BaseException) -> tuple[type[StorageFaultError], str, str] 
         if "Read-only file system" in text:
             return DeniedError, f"read-only file system (EROFS, {kind})", _READ_ONLY_ADVICE
         if tensorflow and (kind == "PermissionDeniedError" or "Permission denied" in text):
-            return (
-                DeniedError,
-                f"permission denied ({_detail(f'{kind}: {text}')})",
-                f"let the task's user (uid {os.getuid()}) write there or choose another location",
-            )
+            return DeniedError, f"permission denied ({_detail(f'{kind}: {text}')})", _permission_advice()
     return None
 
 
