@@ -7,6 +7,8 @@ OUT ?= out
 FASHION_DIR := /usr/share/datasets/fashion-mnist
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' trainer/__init__.py)
 TAG ?= kfp-tf-multiworker:$(VERSION)
+# The GPU image beside it: the pipelines' training tasks run REPO:TAG-gpu when they ask for GPUs (docs/gpus.md).
+GPU_TAG ?= $(TAG)-gpu
 EXAMPLE_TAG ?= kfp-tf-diagnosis-example:$(VERSION)
 TFJOB_TAG ?= kfp-tf-tfjob-example:$(VERSION)
 # The plain TensorFlow image pipelines/tfjob_example/Dockerfile builds on: empty for the local stand-in (Python and
@@ -18,7 +20,7 @@ TF_STAND_IN := kfp-tf-ci/tensorflow-stand-in:2.21.0
 # leaves build/ in the tree it builds) with fixed timestamps (the same sources give the same wheel: a warm build).
 TFJOB_CONTEXT := $(OUT)/tfjob-example-image
 
-.PHONY: run run-trainer test test-fast e2e compile fashion bench image clean
+.PHONY: run run-trainer test test-fast e2e compile fashion bench image image-gpu image-gpu-check clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,13 +50,13 @@ run-trainer: $(STAMP)
 test: $(STAMP) $(FASHION_DIR)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -n 2 --dist loadfile -m "not slow and not image and not e2e"
-	$(PY) -m pytest -m "slow and not image and not e2e" --durations=15
+	$(PY) -m pytest -n 2 --dist loadfile -m "not slow and not image and not e2e and not gpu_image"
+	$(PY) -m pytest -m "slow and not image and not e2e and not gpu_image" --durations=15
 
 ## The fast tier: everything but multi-process training, the image and the containers (under a minute), one file
 ## per pytest-xdist worker on 2 processes; `make test` stays serial for the timing of its multi-process tests.
 test-fast: $(STAMP)
-	$(PY) -m pytest -n 2 --dist loadfile -m "not slow and not image and not e2e"
+	$(PY) -m pytest -n 2 --dist loadfile -m "not slow and not image and not e2e and not gpu_image"
 
 ## The pipeline YAML for a cluster: make compile IMAGE=registry.example.com/team/kfp-tf-multiworker:0.1.0
 compile: $(STAMP)
@@ -93,6 +95,20 @@ e2e: $(STAMP)
 ## The one image: `docker build` of the Dockerfile with BuildKit; TAG=... names it, BASE=... the Python image to build on.
 image:
 	DOCKER_BUILDKIT=1 docker build $(if $(BASE),--build-arg BASE=$(BASE)) --tag $(TAG) .
+
+## The GPU image: the same Dockerfile with tensorflow[and-cuda] (requirements/gpu); tagged $(TAG)-gpu unless GPU_TAG=...
+image-gpu:
+	DOCKER_BUILDKIT=1 docker build $(if $(BASE),--build-arg BASE=$(BASE)) --build-arg REQUIREMENTS=requirements/gpu \
+		--tag $(GPU_TAG) .
+
+## Both images built as `make e2e` builds them (4 GB of wheels on a cold cache; CI does not run this), then
+## the GPU image's checks: TensorFlow with CUDA imports, lists no GPU on a machine without one, and the sample trains
+## on CPU in it to the CPU image's accuracy; then the CPU image's checks that nothing of the build host is inside.
+image-gpu-check: $(STAMP)
+	$(PYTHON) .ci/containers/build.py build --tag $(TAG)
+	$(PYTHON) .ci/containers/build.py build --tag $(GPU_TAG) --build-arg REQUIREMENTS=requirements/gpu
+	KFP_TF_IMAGE=$(TAG) KFP_TF_GPU_IMAGE=$(GPU_TAG) $(PY) -m pytest -m gpu_image tests/test_gpu_image.py
+	KFP_TF_IMAGE=$(GPU_TAG) $(PY) -m pytest -m image tests/test_image.py -k "uid or environment or history or filesystem"
 
 clean:
 	rm -rf $(OUT) .pytest_cache

@@ -37,8 +37,8 @@ def main() -> None:
     keras.utils.set_random_seed(42)
     steps = len(x) // args.batch_size + (1 if len(x) % args.batch_size else 0)
     model = build_model(
-        tuple(meta["image_shape"]),
-        meta["num_classes"],
+        meta.image_shape,
+        meta.num_classes,
         args.learning_rate,
         decay_steps=args.epochs * steps if args.cosine_decay else 0,
         steps_per_execution=args.steps_per_execution,

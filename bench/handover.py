@@ -26,7 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainer.cluster.control import Control, new_secret  # noqa: E402 - the project's root must be importable first
-from trainer.cluster.local import free_ports  # noqa: E402
+from trainer.cluster.local_processes import free_ports  # noqa: E402
 from trainer.cluster.resume import CheckpointHome  # noqa: E402
 from trainer.core.errors import PeerUnavailableError  # noqa: E402
 

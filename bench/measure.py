@@ -71,11 +71,11 @@ def matmul_gflops(size=2048, repeats=20):
     return 2 * size**3 * repeats / (time.perf_counter() - started) / 1e9
 
 
-def bench_model(meta):
+def bench_model(image_shape, num_classes):
     """The trainer's model for this dataset, built once to count its FLOPs and gradient tensors."""
     from trainer.modeling.cnn import build_model
 
-    return build_model(tuple(meta["image_shape"]), meta["num_classes"], 0.001)
+    return build_model(tuple(image_shape), num_classes, 0.001)
 
 
 def model_train_flops_per_example(model):
@@ -103,7 +103,7 @@ def input_pipeline_rate(data_dir, meta):
     from trainer.config.contract import DataConfig
     from trainer.data.inputs import train_dataset
 
-    steps = meta["splits"]["train"]["num_examples"] // 64
+    steps = meta.splits["train"].num_examples // 64
     ds = train_dataset(data_dir, meta, DataConfig(), 64, steps, 1, 0, 0)
     iterator = iter(ds)
 

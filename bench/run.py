@@ -63,7 +63,7 @@ def time_to_accuracy(data, work, learning_rate, target=0.90, epochs=5):
     sqrt(2) for its doubled global batch) given to the 1-worker run explicitly. Time to the target counts training
     only (each epoch's validation pass is left out) up to the first epoch whose test accuracy reaches it.
     """
-    from trainer.evaluation.metrics import run as evaluate
+    from trainer.evaluation.metrics import evaluate
 
     rate = learning_rate * 2**0.5
     runs = {
@@ -113,7 +113,7 @@ def main() -> None:
     work.mkdir(parents=True)
     import tensorflow as tf
 
-    from trainer.config import registry as settings
+    from trainer.config import settings
     from trainer.data.tfrecords import load_metadata
 
     if args.quick:
@@ -139,7 +139,7 @@ def main() -> None:
         "mode": mode,
         "dataset": dataset,
         "epochs": epochs,
-        "train_examples": meta["splits"]["train"]["num_examples"],
+        "train_examples": meta.splits["train"].num_examples,
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": {
             "cores": os.cpu_count(),
@@ -159,7 +159,7 @@ def main() -> None:
 
     section("data preparation")
     results["ceiling_gflops"] = matmul_gflops()
-    model = bench_model(meta)
+    model = bench_model(meta.image_shape, meta.num_classes)
     results["train_flops_per_example"] = model_train_flops_per_example(model)
     samples = 1 if args.quick else 3
     results["startup"] = {

@@ -13,7 +13,7 @@ def create_cluster(cluster: Output[Artifact], run_id: str, num_workers: int, clu
         The worker indices [0, 1, ..., num_workers - 1]: the items of the training ParallelFor.
     """
     from trainer import steps
-    from trainer.cli import run_step
+    from trainer.core.entry import run_step
 
     record = run_step(
         steps.create_cluster,
@@ -39,7 +39,8 @@ def create_ps_cluster(
         The server tasks ['worker:0', ..., 'ps:0', ...]: the items of the ParallelFor beside the chief.
     """
     from trainer import steps
-    from trainer.cli import run_step
+    from trainer.core.entry import run_step
+    from trainer.core.tasks import TaskId
 
     record = run_step(
         steps.create_cluster,
@@ -51,4 +52,4 @@ def create_ps_cluster(
         num_ps=num_ps,
     )
     cluster.metadata.update(record.to_json())
-    return [f"worker:{i}" for i in range(num_workers)] + [f"ps:{i}" for i in range(num_ps)]
+    return [TaskId("worker", i).label for i in range(num_workers)] + [TaskId("ps", i).label for i in range(num_ps)]

@@ -28,7 +28,7 @@ def deploy_model(
     import os
 
     from trainer import steps
-    from trainer.cli import run_step
+    from trainer.core.entry import run_step
 
     result = run_step(
         steps.deploy_model,
@@ -41,11 +41,11 @@ def deploy_model(
         storage=storage,
         s3_endpoint=s3_endpoint,
     )
-    lines = [f"# Deploy\n\n{result['reason']}."]
-    if result["deployed"]:
-        lines.append(f'Predict: `POST {result["predict_url"]}` with `{{"instances": [...]}}` (raw uint8 images).')
-        deployment.metadata.update({k: result[k] for k in ("name", "namespace", "url", "version", "revision")})
+    lines = [f"# Deploy\n\n{result.reason}."]
+    if result.deployed:
+        lines.append(f'Predict: `POST {result.predict_url}` with `{{"instances": [...]}}` (raw uint8 images).')
+        deployment.metadata.update(result.output_metadata())
     os.makedirs(os.path.dirname(deployment.path), exist_ok=True)
     with open(deployment.path, "w") as f:
         f.write("\n\n".join(lines) + "\n")
-    return result.get("url", "")
+    return result.url

@@ -13,7 +13,7 @@ def prepare_data(
             or (source fn:...) each split as tf.data.Dataset.save wrote it, with metadata.json.
     """
     from trainer import steps
-    from trainer.cli import run_step
+    from trainer.core.entry import run_step
 
     dataset.metadata.update(
         run_step(

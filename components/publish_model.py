@@ -26,7 +26,7 @@ def publish_model(
     import os
 
     from trainer import steps
-    from trainer.cli import run_step
+    from trainer.core.entry import run_step
 
     result = run_step(
         steps.publish_model,

@@ -25,11 +25,11 @@ def create_job_cluster(
     Returns:
         The worker indices [0, 1, ..., num_workers - 1]: the items of the workers' ParallelFor.
     """
-    from trainer.cli import run_step
-    from trainer.command import run
+    from trainer import steps
+    from trainer.core.entry import run_step
 
     record = run_step(
-        run.create_job_cluster,
+        steps.create_job_cluster,
         output_dir=cluster.path,
         run_id=run_id,
         chief=chief,
@@ -85,12 +85,12 @@ def run_command(
         model: on the chief, saved_model/, job.json and the command's own metrics.json if it wrote one; on the
             others, worker.json.
     """
-    from trainer.cli import run_step
-    from trainer.command import run
+    from trainer import steps
+    from trainer.core.entry import run_step
 
     model.metadata.update(
         run_step(
-            run.command_task,
+            steps.command_task,
             cluster_dir=cluster.path,
             task_type=task_type,
             index=index,
@@ -122,7 +122,7 @@ def chief_model(models: Input[list[Model]], model: Output[Model], metrics: Outpu
         metrics: the numbers the command wrote to $(MODEL_DIR)/metrics.json (none when it wrote none).
     """
     from trainer import steps
-    from trainer.cli import run_step
+    from trainer.core.entry import run_step
 
     paths = {m.path: m.uri for m in models}
     chief, record = run_step(steps.job_model, model_dirs=list(paths), chief_copy=model.path)

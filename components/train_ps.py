@@ -27,7 +27,7 @@ def train_chief(
         model: saved_model/ (serving signature on raw uint8 images), model.keras and history.json.
     """
     from trainer import steps
-    from trainer.cli import run_step
+    from trainer.core.entry import run_step
 
     model.metadata.update(
         run_step(
@@ -76,15 +76,16 @@ def train_server(
     import tempfile
 
     from trainer import steps
-    from trainer.cli import run_step
+    from trainer.core.entry import run_step
+    from trainer.core.tasks import TaskId
 
-    job, _, index = task.partition(":")
+    server = run_step(TaskId.parse, label=task)
     run_step(
         steps.train_task,
         dataset=dataset.path,
         cluster_dir=cluster.path,
-        job=job,
-        index=int(index),
+        job=server.type,
+        index=server.index,
         model_dir=tempfile.mkdtemp(),
         run_id=run_id,
         strategy="parameter_server",

@@ -22,6 +22,7 @@ def train_worker(
     tensorboard_dir: str,
     cluster_mode: str,
     gate: str = "",
+    mixed_precision: str = "",
 ):
     """Trains as one worker of the run's cluster; worker 0 (the chief) writes the model.
 
@@ -39,7 +40,7 @@ def train_worker(
             event files under tensorboard_dir when it is set.
     """
     from trainer import steps
-    from trainer.cli import run_step
+    from trainer.core.entry import run_step
 
     model.metadata.update(
         run_step(
@@ -60,6 +61,7 @@ def train_worker(
             max_restarts=max_restarts,
             checkpoint_dir=checkpoint_dir,
             gate=gate,
+            mixed_precision=mixed_precision,
             checkpoint_claim=checkpoint_claim,
             tensorboard_dir=tensorboard_dir,
             cluster_mode=cluster_mode,

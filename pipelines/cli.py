@@ -16,13 +16,13 @@ from typing import Any
 
 from pipelines import server
 from pipelines.factories import DEFAULT_PODS, DEFAULT_STORAGE, FACTORIES, NAMES, create_pipeline
-from pipelines.local import LOCAL_MAX_WORKERS, LOCAL_OVERRIDES, run_local
+from pipelines.local_run import LOCAL_MAX_WORKERS, LOCAL_OVERRIDES, run_local
 from pipelines.pods import PodSettings
 from pipelines.storage import KFP_KEYS, StorageSettings
 from trainer import __version__
-from trainer.cli import run_cli
-from trainer.config import registry as settings
+from trainer.config import settings
 from trainer.config.flags import Parser
+from trainer.core.entry import run_cli
 from trainer.core.errors import UsageError
 from trainer.core.files import write_text
 
@@ -161,10 +161,18 @@ def build_parser(action: str | None) -> argparse.ArgumentParser:
     return parser
 
 
-def add_pod_arguments(parser: argparse.ArgumentParser, what: str = "") -> None:
-    """The training pods' flags, one per `PodSettings` field; `what` is added to the group's title."""
+GPU_FIELDS = ("gpus", "accelerator", "gpu_image", "gpu_node_selector", "gpu_tolerations")
+
+
+def add_pod_arguments(parser: argparse.ArgumentParser, what: str = "", gpus: bool = True) -> None:
+    """The training pods' flags, one per `PodSettings` field; `what` is added to the group's title.
+
+    `gpus`: also the GPU flags (a TFJob's replicas take theirs from the manifest).
+    """
     pods = parser.add_argument_group("training pods" + what)
     for f in PodSettings.__dataclass_fields__.values():
+        if not gpus and f.name in GPU_FIELDS:
+            continue
         pods.add_argument(
             "--" + f.name.replace("_", "-"),
             type=type(f.default),
@@ -220,8 +228,9 @@ def _attribute_doc(name: str) -> str:
 
 
 def pod_settings(args: argparse.Namespace) -> PodSettings:
-    """The training pods' settings from the parsed flags."""
-    return PodSettings(**{name: getattr(args, name) for name in PodSettings.__dataclass_fields__})
+    """The training pods' settings from the parsed flags (a field without a flag keeps its default)."""
+    given = {name: getattr(args, name) for name in PodSettings.__dataclass_fields__ if hasattr(args, name)}
+    return PodSettings(**given)
 
 
 def storage_settings(args: argparse.Namespace) -> StorageSettings:
@@ -265,12 +274,22 @@ def _image(args: argparse.Namespace) -> str:
     return check_image(args.image)
 
 
+def _pods(args: argparse.Namespace, image: str) -> PodSettings:
+    """The pod settings, their GPU image checked as --image is."""
+    pods = pod_settings(args)
+    if pods.gpus:
+        check_image(pods.training_image(image))
+    return pods
+
+
 def _compile(args: argparse.Namespace) -> None:
     started = time.monotonic()
     image = _image(args)
-    compile_pipeline(args.output, image, args.strategy, pod_settings(args), storage_settings(args))
+    pods = _pods(args, image)
+    compile_pipeline(args.output, image, args.strategy, pods, storage_settings(args))
+    training = f", training image {pods.training_image(image)} with {pods.gpus} {pods.accelerator}" if pods.gpus else ""
     sys.stdout.write(
-        f"wrote {args.output} ({NAMES[args.strategy]}, image {image}) in {time.monotonic() - started:.2f}s\n"
+        f"wrote {args.output} ({NAMES[args.strategy]}, image {image}{training}) in {time.monotonic() - started:.2f}s\n"
     )
 
 
@@ -303,7 +322,7 @@ def _local(args: argparse.Namespace) -> None:
 
 def _server(args: argparse.Namespace, action: str) -> int:
     image = _image(args)
-    pods, storage = pod_settings(args), storage_settings(args)
+    pods, storage = _pods(args, image), storage_settings(args)
     with tempfile.TemporaryDirectory() as tmp:
         package = compile_pipeline(os.path.join(tmp, "pipeline.yaml"), image, args.strategy, pods, storage)
         return server.to_server(args, action, package, token_file=TOKEN_FILE)

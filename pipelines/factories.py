@@ -1,5 +1,7 @@
 """The pipelines, one pure factory per strategy: an image and pod settings in, a KFP pipeline out.
 
+With GPUs (`PodSettings.gpus`) the training tasks ask for them and run the GPU image; the other steps keep `image`.
+
     prepare data -> create cluster -> training tasks (ParallelFor) -> evaluate + serving check -> quality gate
         -> publish -> deploy (a KServe InferenceService, when serving_name is set)
 
@@ -16,7 +18,7 @@ from kfp import dsl
 from kfp.dsl import HTML, Metrics, Model
 
 import components
-from components.contract import declare
+from components.signatures import declare
 from pipelines.pods import PodSettings, step, training_pod, with_namespace
 from pipelines.storage import StorageSettings, with_checkpoint_volume, with_storage_secret
 
@@ -48,6 +50,13 @@ class Store(NamedTuple):
 
     storage: Any
     s3_endpoint: Any
+
+
+def _ops(image: str, pods: PodSettings) -> tuple[Any, Any]:
+    """The components in `image`, and the training components in the training image (the GPU one with GPUs)."""
+    ops = components.build(image)
+    training_image = pods.training_image(image)
+    return ops, ops if training_image == image else components.build(training_image)
 
 
 def _prepare(
@@ -109,7 +118,7 @@ def _evaluate_and_publish(
 
 def mirrored_pipeline(image: str, pods: PodSettings = DEFAULT_PODS, settings: StorageSettings = DEFAULT_STORAGE) -> Any:
     """The MultiWorkerMirroredStrategy pipeline: N identical workers in a ParallelFor, synchronous all-reduce."""
-    ops = components.build(image)
+    ops, training = _ops(image, pods)
 
     def pipeline(
         source: str,
@@ -130,6 +139,7 @@ def mirrored_pipeline(image: str, pods: PodSettings = DEFAULT_PODS, settings: St
         checkpoint_claim: str,
         tensorboard_dir: str,
         model_fn: str,
+        mixed_precision: str,
         min_accuracy: float,
         gate: str,
         publish_uri: str,
@@ -150,7 +160,7 @@ def mirrored_pipeline(image: str, pods: PodSettings = DEFAULT_PODS, settings: St
         cluster = ops.create_cluster(run_id=run_id, num_workers=num_workers, cluster_mode=cluster_mode, port=port)
         with_namespace(step(cluster, "create cluster"))
         with dsl.ParallelFor(cluster.outputs["Output"], name="workers") as worker_index:
-            worker = ops.train_worker(
+            worker = training.train_worker(
                 dataset=prepared.outputs["dataset"],
                 cluster=cluster.outputs["cluster"],
                 worker_index=worker_index,
@@ -168,6 +178,7 @@ def mirrored_pipeline(image: str, pods: PodSettings = DEFAULT_PODS, settings: St
                 tensorboard_dir=tensorboard_dir,
                 cluster_mode=cluster_mode,
                 gate=gate,
+                mixed_precision=mixed_precision,
             )
             training_pod(step(worker, "train worker"), pods)
             with_checkpoint_volume(worker, checkpoint_claim, settings)
@@ -184,7 +195,7 @@ def parameter_server_pipeline(
     image: str, pods: PodSettings = DEFAULT_PODS, settings: StorageSettings = DEFAULT_STORAGE
 ) -> Any:
     """The ParameterServerStrategy pipeline: a chief task beside a ParallelFor of parameter servers and workers."""
-    ops = components.build(image)
+    ops, training = _ops(image, pods)
 
     def pipeline(
         source: str,
@@ -237,7 +248,7 @@ def parameter_server_pipeline(
             "cluster_mode": cluster_mode,
         }
         with dsl.ParallelFor([0], name="chief"):
-            chief = ops.train_chief(
+            chief = training.train_chief(
                 epochs=epochs,
                 batch_size=batch_size,
                 learning_rate=learning_rate,
@@ -246,7 +257,7 @@ def parameter_server_pipeline(
             )
             with_storage_secret(training_pod(step(chief, "train chief"), pods), settings)
         with dsl.ParallelFor(cluster.outputs["Output"], name="parameter servers and workers") as task:
-            server = ops.train_server(task=task, chief_timeout=chief_timeout, **every_task)
+            server = training.train_server(task=task, chief_timeout=chief_timeout, **every_task)
             with_storage_secret(training_pod(step(server, "ps or worker"), pods), settings)
         serving = Serving(serving_name, serving_timeout, serving_runtime_version)
         models = dsl.Collected(chief.outputs["model"])
@@ -266,5 +277,5 @@ def create_pipeline(
     pods: PodSettings = DEFAULT_PODS,
     storage: StorageSettings = DEFAULT_STORAGE,
 ) -> Any:
-    """The pipeline of `strategy` with every step running in `image`."""
+    """The pipeline of `strategy` with every step running in `image` (the training steps in the GPU image with GPUs)."""
     return FACTORIES[strategy](image, pods, storage)

@@ -15,16 +15,16 @@ from kfp import dsl, kubernetes
 from kfp.dsl import Model
 
 import components
-from components.contract import declare, pipeline_default
 from components.run_command import chief_model, create_job_cluster, run_command
+from components.signatures import declare, pipeline_default
 from pipelines.factories import DEFAULT_PODS, DEFAULT_STORAGE
 from pipelines.pods import PodSettings, step, training_pod, with_namespace
 from pipelines.storage import StorageSettings, with_storage_secret
-from trainer.command.tfjob import JobSpec, Replica
+from trainer.command.tfjob_spec import JobSpec, Replica
 
 
 def replica_pods(replica: Replica, defaults: PodSettings, deadline: int = 0) -> tuple[PodSettings, list[str]]:
-    """The replica's requests and limits as written, and the warnings for what this project fills in.
+    """The replica's requests and limits and its GPUs as written, and the warnings for what this project fills in.
 
     A resource the manifest gives a request or a limit for keeps exactly those; one it gives neither for gets this
     project's defaults (a warning says so). `deadline` (runPolicy.activeDeadlineSeconds) is the timeout when set.
@@ -43,8 +43,11 @@ def replica_pods(replica: Replica, defaults: PodSettings, deadline: int = 0) -> 
                 f"spec.tfReplicaSpecs.{replica.type} resources: no {kind} request or limit; this project's default "
                 f"is used (request {values[f'{kind}_request'] or 'none'}, limit {values[f'{kind}_limit'] or 'none'})"
             )
+    pod = replica.pod
+    accelerator = {"gpus": pod.accelerators, "accelerator": pod.accelerator} if pod.accelerator else {}
     pods = PodSettings(
         **values,
+        **accelerator,
         retries=defaults.retries,
         timeout_seconds=deadline or defaults.timeout_seconds,
     )
@@ -52,7 +55,11 @@ def replica_pods(replica: Replica, defaults: PodSettings, deadline: int = 0) -> 
 
 
 def _task_pod(task: Any, replica: Replica, pods: PodSettings) -> Any:
-    """A task's pod as a training pod of this project, with everything the replica's pod template asks for."""
+    """A task's pod as a training pod of this project, with everything the replica's pod template asks for.
+
+    Its GPUs are set as the MNIST pipeline's are (`pipelines.pods.with_accelerators`, from `replica_pods`); the GPU
+    pool's node selector and tolerations are the manifest's own.
+    """
     training_pod(task, pods)
     pod = replica.pod
     for mount in replica.mounts:
@@ -123,8 +130,6 @@ def _task_pod(task: Any, replica: Replica, pods: PodSettings) -> Any:
     }
     if any(v is not None for v in identity.values()):
         kubernetes.set_security_context(task, **identity)
-    if pod.accelerator:
-        task.set_accelerator_type(pod.accelerator).set_accelerator_limit(pod.accelerators)
     return task
 
 
@@ -218,7 +223,7 @@ def tfjob_pipeline(
             with dsl.ParallelFor([0], name="chief") as index:
                 lead = task(chief, index, cluster, every)
         if servers:
-            # They serve until the chief's status says the job is over (trainer.command.run.command_task).
+            # They serve until the chief's status says the job is over (trainer.steps.command_task).
             with dsl.ParallelFor(list(range(servers.count)), name="parameter servers") as index:
                 task(servers, index, cluster, every)
         if workers:

@@ -21,7 +21,7 @@ from pipelines.kfp_client import (
     upload,
 )
 from trainer import __version__
-from trainer.config import registry as settings
+from trainer.config import settings
 from trainer.core.errors import UsageError
 
 

@@ -1,8 +1,8 @@
 """Compile-time storage settings: the object store's credentials for the steps that store, and the checkpoint volume.
 
 Both become Kubernetes platform settings in the compiled YAML (`kfp.kubernetes`); kfp.local ignores them.
-`--storage kfp` is Kubeflow Pipelines' own object store (`trainer.storage.kfp`: SeaweedFS, the namespace's keys in the
-Secret `mlpipeline-minio-artifact`); `--storage-secret` names any other Secret (docs/storage.md).
+`--storage kfp` is Kubeflow Pipelines' own object store (`trainer.storage.kfpstore`: SeaweedFS, the namespace's keys
+in the Secret `mlpipeline-minio-artifact`); `--storage-secret` names any other Secret (docs/storage.md).
 """
 
 import dataclasses
@@ -11,10 +11,10 @@ from typing import Any
 
 from kfp import kubernetes
 
-from trainer.config import registry as settings
+from trainer.config import settings
 from trainer.core.errors import UsageError
-from trainer.k8s.claims import MOUNT
-from trainer.storage import kfp as kfpstore
+from trainer.k8s.checkpoints import MOUNT
+from trainer.storage import kfpstore
 
 KFP_KEYS = ",".join(f"{key}={env}" for key, env in kfpstore.SECRET_KEYS.items())
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
@@ -90,15 +90,15 @@ class StorageSettings:
         return {k: v for k, _, v in pairs}
 
 
-def with_storage_secret(task: Any, settings: StorageSettings) -> Any:
+def with_storage_secret(task: Any, storage: StorageSettings) -> Any:
     """The Secret's keys as the task's environment (the credentials s3fs and botocore read), when one is named."""
-    if settings.secret:
-        kubernetes.use_secret_as_env(task, secret_name=settings.secret, secret_key_to_env=settings.key_to_env())
+    if storage.secret:
+        kubernetes.use_secret_as_env(task, secret_name=storage.secret, secret_key_to_env=storage.key_to_env())
     return task
 
 
-def with_checkpoint_volume(task: Any, claim: Any, settings: StorageSettings) -> Any:
+def with_checkpoint_volume(task: Any, claim: Any, storage: StorageSettings) -> Any:
     """Mounts the claim named by the pipeline parameter `claim` at /mnt/checkpoints, when compiled with a volume."""
-    if settings.checkpoint_volume:
+    if storage.checkpoint_volume:
         kubernetes.mount_pvc(task, pvc_name=claim, mount_path=MOUNT)
     return task

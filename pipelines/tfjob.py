@@ -20,8 +20,8 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.cli import run_cli
-from trainer.command.tfjob import JobSpec, read_manifest
+from trainer.command.tfjob_spec import JobSpec, read_manifest
+from trainer.core.entry import run_cli
 from trainer.core.errors import UsageError
 from trainer.core.files import write_text
 
@@ -115,7 +115,7 @@ def compile_job(args: argparse.Namespace) -> None:
 
     from pipelines.cli import check_image, pod_settings, storage_settings
     from pipelines.jobs import replica_pods, tfjob_pipeline
-    from trainer.config import registry as settings
+    from trainer.config import settings
 
     if not args.image:
         raise UsageError("--image is required with --compile: the image this project's own steps run in")
@@ -146,7 +146,7 @@ def compile_job(args: argparse.Namespace) -> None:
 
 
 def run_job_locally(job: JobSpec, output_dir: str, saved_model: str = "", **arguments: Any) -> dict[str, Any]:
-    """Runs every task of the job at once as a local process (`trainer.command.local`), then takes the chief's model.
+    """Runs every task of the job at once as a local process (`trainer.local_job`), then takes the chief's model.
 
     The chief's model is copied to `model` under the run's directory (as the pipeline's `chief model` step does) and
     published when `publish_uri` is given (as its `publish model` step does).
@@ -155,17 +155,16 @@ def run_job_locally(job: JobSpec, output_dir: str, saved_model: str = "", **argu
         job: the job, its paths this machine's (`for_this_machine`).
         output_dir: where the run's directory (`<job name>-<time>`) goes.
         saved_model: where the chief's command writes its SavedModel (default `$(MODEL_DIR)/saved_model`).
-        **arguments: `publish_uri` and `s3_endpoint`, and `trainer.command.local.run_job`'s settings
+        **arguments: `publish_uri` and `s3_endpoint`, and `trainer.local_job.run_job`'s settings
             (`startup_timeout`, ...); `max_restarts` defaults as in the compiled pipeline (`pipelines.jobs`).
 
     Returns:
         `seconds`, the run's directory `run`, the chief's `model`, its `metadata` and, with `publish_uri`, the
         `publication`.
     """
-    from components.contract import pipeline_default
-    from trainer import steps
-    from trainer.command import local
-    from trainer.config import registry as settings
+    from components.signatures import pipeline_default
+    from trainer import local_job, steps
+    from trainer.config import settings
 
     publish_uri = arguments.pop("publish_uri", "")
     s3_endpoint = arguments.pop("s3_endpoint", "")
@@ -173,7 +172,7 @@ def run_job_locally(job: JobSpec, output_dir: str, saved_model: str = "", **argu
     arguments = {"startup_timeout": settings.default("startup_timeout"), "max_restarts": restarts, **arguments}
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = os.path.join(os.path.abspath(output_dir), f"{job.name}-{stamp}-{uuid.uuid4().hex[:6]}")
-    result = local.run_job(job, run_dir, saved_model, run_id=os.path.basename(run_dir), **arguments)
+    result = local_job.run_job(job, run_dir, saved_model, run_id=os.path.basename(run_dir), **arguments)
     model = os.path.join(run_dir, "model")
     chief, record = steps.job_model(list(result.model_dirs), model)
     outcome = {
@@ -191,11 +190,11 @@ def run_job_locally(job: JobSpec, output_dir: str, saved_model: str = "", **argu
 
 def local_run(args: argparse.Namespace) -> None:
     """Runs the manifest's job here, every task a local process at once; prints where the model and publication are."""
-    from trainer.command import local
+    from trainer import local_job
 
     job = load(args.manifest)
     _warn(job)
-    local.check_tasks(len(local.job_tasks(job)))
+    local_job.check_tasks(len(local_job.job_tasks(job)))
     root = os.path.abspath(args.output_dir)
     paths = local_paths(job, _mounts(args.mount), os.path.join(root, "volumes"))
     job = for_this_machine(job, paths)
@@ -241,7 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--s3-endpoint", default="", help="the S3 endpoint of s3:// locations, such as http://seaweedfs.kubeflow:9000"
     )
-    add_pod_arguments(parser, " (--compile: for a replica whose manifest gives no cpu or memory, and every task)")
+    add_pod_arguments(
+        parser, " (--compile: for a replica whose manifest gives no cpu or memory, and every task)", gpus=False
+    )
     add_storage_arguments(parser, data=False)
     parser.add_argument(
         "--mount",

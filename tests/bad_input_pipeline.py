@@ -8,7 +8,7 @@ from kfp.dsl import Artifact, Dataset, Markdown, Metrics, Model
 
 import components
 from pipelines import cli as pipeline_cli
-from tests.conftest import IMAGE
+from tests.support.pipelines import IMAGE
 
 OPS = components.build(IMAGE)
 
@@ -61,9 +61,9 @@ PIPELINE_CASES = {
         *_pipeline("--compile", "--image", "Team/Image:1", "--output", str(b / "out" / "p2.yaml"), out="p2.yaml"),
         "image 'Team/Image:1' is not a valid image reference",
     ),
-    "GPUs for a CPU image": lambda b, s: (
-        *_pipeline("--compile", "--image", IMAGE, "--gpus", "1", "--output", str(b / "out" / "p3.yaml"), out="p3.yaml"),
-        "gpus 1 is not allowed; allowed: 0. The image installs the CPU build",
+    "GPU count negative": lambda b, s: (
+        *_pipeline("--compile", "--image", IMAGE, "--gpus=-1", "--output", str(b / "out" / "p3.yaml"), out="p3.yaml"),
+        "gpus -1 is not allowed; allowed: a whole number from 0 to 16",
     ),
     "CPU request not a quantity": lambda b, s: (
         *_pipeline(

@@ -1,63 +1,20 @@
+"""Fixtures shared across test files; the helpers they and the tests use are in tests/support/."""
+
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SAMPLE_DIR = ROOT / "data" / "mnist-sample"
-IMAGE = "registry.example.com/team/kfp-tf-multiworker:9.9.9"
+from tests.support.pipelines import IMAGE
+from tests.support.processes import run_module, trainer_args
 
 
-def script_processes(script, under) -> list[int]:
-    """The pids of `script`'s processes still running whose MODEL_DIR is under `under` (a test's own tasks)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            running = str(script).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
-            if running and f"MODEL_DIR={under}".encode() in Path(f"/proc/{pid}/environ").read_bytes():
-                found.append(int(pid))
-        except OSError:
-            continue
-    return found
+def pytest_configure(config):
+    """Before any test module is imported: google-auth is told this is not a GCE VM, for the session and its children.
 
-
-def trainer_args(data, model_dir, *extra: str) -> list[str]:
-    """The trainer's own flags: `--data DATA --model-dir MODEL_DIR` then EXTRA."""
-    return ["--data", str(data), "--model-dir", str(model_dir), *extra]
-
-
-def run_module(module: str, *args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Runs `python -m module args...` from the repo root and returns the finished process (text output)."""
-    full_env = dict(os.environ)
-    full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    full_env["PYTHONPATH"] = str(ROOT)
-    full_env.pop("TF_CONFIG", None)
-    full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", module, *args], cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout
-    )
-
-
-def write_history(directory, run_id: str = "run-1") -> None:
-    """A chief's history.json as the trainer writes it, for tests that hand a model directory to a later step."""
-    from trainer.training.history import History
-
-    History(
-        epochs=({"epoch": 1, "loss": 0.5, "accuracy": 0.9, "examples_per_second": 1000.0},),
-        workers=2,
-        strategy="multi_worker_mirrored",
-        global_batch_size=128,
-        steps_per_epoch=31,
-        learning_rate=0.0028,
-        dataset="sample",
-        class_names=tuple("0123456789"),
-        image_shape=(28, 28, 1),
-        run_id=run_id,
-        tensorboard="",
-        parameters={"epochs": 1},
-    ).write(str(directory))
+    Otherwise every gs:// client without credentials (gcsfs's, TensorFlow's) first probes the metadata server, with
+    a backoff of about 15 s where nothing answers; the tests' GCS stand-ins and refusals then come that much later.
+    """
+    os.environ.setdefault("NO_GCE_CHECK", "true")
 
 
 @pytest.fixture(scope="session")
@@ -74,32 +31,33 @@ def compiled_yaml(tmp_path_factory):
     return paths
 
 
-def pipeline_spec(path):
-    """The pipeline spec (the first YAML document) of a compiled pipeline."""
-    import yaml
-
-    return next(yaml.safe_load_all(Path(path).read_text()))
-
-
 @pytest.fixture(scope="session")
 def sample_data(tmp_path_factory) -> str:
     """The shipped sample, prepared once per test session (real digits, 4,000 train / 1,000 test)."""
     from trainer.config.contract import DataConfig
-    from trainer.data import sources as prepare
+    from trainer.data import sources
 
     out = tmp_path_factory.mktemp("prepared") / "mnist-sample"
-    prepare.run(DataConfig(source="sample"), str(out))
+    sources.run(DataConfig(source="sample"), str(out))
     return str(out)
 
 
 @pytest.fixture(scope="session")
-def undisturbed_two_workers(sample_data, tmp_path_factory):
-    """Two workers through the launcher, 10 epochs, seed 42: (model dir, scratch TMPDIR, completed process)."""
+def undisturbed_tensorboard(tmp_path_factory):
+    """Where `undisturbed_two_workers` writes its TensorBoard files (its run id and run directory: undisturbed)."""
+    return tmp_path_factory.mktemp("undisturbed-tensorboard")
+
+
+@pytest.fixture(scope="session")
+def undisturbed_two_workers(sample_data, undisturbed_tensorboard, tmp_path_factory):
+    """Two workers through the launcher, 10 epochs, seed 42, no validation, TensorBoard files in
+    `undisturbed_tensorboard`: (model dir, scratch TMPDIR, completed process). One run that several files check."""
     base = tmp_path_factory.mktemp("undisturbed")
     scratch = base / "scratch"
     scratch.mkdir()
     model_dir = base / "model"
-    args = trainer_args(sample_data, model_dir, "--epochs", "10")
+    args = trainer_args(sample_data, model_dir, "--epochs", "10", "--run-id", "undisturbed")
+    args += ["--tensorboard-dir", str(undisturbed_tensorboard)]
     result = run_module("trainer.launch", "--workers", "2", "--", *args, env={"TMPDIR": str(scratch)}, timeout=400)
     return model_dir, scratch, result
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.bad_input_pipeline import PIPELINE_CASES
-from tests.conftest import SAMPLE_DIR
+from tests.support.paths import SAMPLE_DIR
 from trainer import evaluate, launch, prepare, train
 from trainer.data.idx import encode_idx
 

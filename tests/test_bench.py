@@ -24,7 +24,6 @@ def _results(mode):
 
 
 def test_flop_count_matches_the_layers_counted_by_hand(bench):
-    meta = {"image_shape": [28, 28, 1], "num_classes": 10}
     multiply_adds = (
         28 * 28 * 24 * 9 * 1
         + 28 * 28 * 24 * 9 * 24  # block 1: two padded 3x3 convolutions at 28x28
@@ -33,7 +32,7 @@ def test_flop_count_matches_the_layers_counted_by_hand(bench):
         + 7 * 7 * 48 * 128
         + 128 * 10
     )  # dense layers
-    assert bench.model_train_flops_per_example(bench.bench_model(meta)) == 3 * 2 * multiply_adds
+    assert bench.model_train_flops_per_example(bench.bench_model((28, 28, 1), 10)) == 3 * 2 * multiply_adds
 
 
 def _synthetic(two_workers, accuracy, overhead, pinned_one=500.0, system=0.05, seconds=(300.0, 170.0)):

@@ -9,9 +9,11 @@ import time
 import pytest
 
 from trainer.cluster.chief import ChiefWatch, StatusPublisher, wait_for_chief
-from trainer.cluster.supervisor import Supervisor
+from trainer.cluster.policy import CONTRACT, RestartPolicy
+from trainer.cluster.status import FileStatus
+from trainer.cluster.supervisor import SupervisedTask, Supervisor
 from trainer.core.errors import ChiefFailedError, PeerUnavailableError, TaskFailedError
-from trainer.storage.status import FileStatus
+from trainer.k8s import objects
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
 
@@ -80,11 +82,16 @@ def test_a_server_task_ends_when_the_chief_is_done_and_its_command_is_stopped(tm
     started = []
     before = {int(p) for p in os.listdir("/proc") if p.isdigit() and _child_of_us(p)}
 
-    def over():
-        started.extend(int(p) for p in os.listdir("/proc") if p.isdigit() and _child_of_us(p) and int(p) not in before)
-        return ChiefWatch(FileStatus(str(path)), 5, 60, "ps 0").over()
+    class Watch(ChiefWatch):
+        def over(self):
+            started.extend(
+                int(p) for p in os.listdir("/proc") if p.isdigit() and _child_of_us(p) and int(p) not in before
+            )
+            return super().over()
 
-    supervisor = Supervisor(SLEEPER, dict(os.environ), None, 60, max_restarts=2, over=over)
+    watch = Watch(FileStatus(str(path)), 5, 60, "ps 0")
+    task = SupervisedTask(SLEEPER, dict(os.environ), None, 60, CONTRACT.limited(2), serves_until=watch)
+    supervisor = Supervisor(task)
     assert supervisor.run() == 0 and supervisor.restarts == 0
     assert started and not any(_pid_alive(pid) for pid in started), "the command was stopped"
 
@@ -93,7 +100,8 @@ def test_a_server_task_ends_with_the_chiefs_failure_and_is_not_restarted(tmp_pat
     path = tmp_path / "status.json"
     _status(path, "failed")
     watch = ChiefWatch(FileStatus(str(path)), 5, 60, "worker 0")
-    supervisor = Supervisor(SLEEPER, dict(os.environ), None, 60, 2, retryable=lambda code: True, over=watch.over)
+    every_failure = RestartPolicy("any failure", from_code=1, max_restarts=2)
+    supervisor = Supervisor(SupervisedTask(SLEEPER, dict(os.environ), None, 60, every_failure, serves_until=watch))
     assert supervisor.run() == 1 and supervisor.restarts == 0
     assert "error: worker 0: the chief failed: " in capfd.readouterr().err
 
@@ -109,8 +117,9 @@ def _child_of_us(pid):
 def test_a_tfjobs_chief_status_is_the_runs_configmap_in_kubernetes_mode_as_for_this_projects_own_chief():
     import tempfile
 
-    from trainer.command.run import status_uri
-    from trainer.k8s import objects as k8s
+    from trainer.cluster.lifecycle import status_location
 
-    assert status_uri("kubernetes", "run-9") == f"configmap:tfw-{k8s.run_key('run-9')}-status"
-    assert status_uri("local", "run-9") == f"{tempfile.gettempdir()}/tfjob-status/{k8s.run_key('run-9')}.json"
+    assert status_location("", "kubernetes", "run-9") == f"configmap:tfw-{objects.run_key('run-9')}-status"
+    assert (
+        status_location("", "local", "run-9") == f"{tempfile.gettempdir()}/tfjob-status/{objects.run_key('run-9')}.json"
+    )

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 sys.path.insert(0, str(ROOT / ".ci" / "containers"))
 import base as image_base  # noqa: E402

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from trainer.cluster.tf_config import build_tf_config, is_chief, make_cluster, parse_tf_config, peers
+from trainer.cluster.topology import build_tf_config, is_chief, make_cluster, parse_tf_config, peers
 from trainer.core.errors import UsageError
 
 WORKERS = ["w0.ns.svc:2222", "w1.ns.svc:2222", "w2.ns.svc:2222"]
@@ -86,7 +86,7 @@ def test_malformed_tf_config(text, message):
 
 
 def test_addresses_are_assigned_chief_workers_ps_and_read_back_in_that_order():
-    from trainer.cluster.tf_config import assign_addresses, task_order
+    from trainer.cluster.topology import assign_addresses, task_order
 
     addresses = ["h0:1", "h1:1", "h2:1", "h3:1"]
     assert assign_addresses(addresses, 4) == {"worker": addresses}
@@ -109,3 +109,35 @@ def test_control_addresses_are_the_next_ports_unless_trainer_control_names_them(
         addresses(tf_config, json.dumps({"worker": ["h0:7000"]}))
     with pytest.raises(UsageError, match="TRAINER_CONTROL is not valid JSON"):
         addresses(tf_config, "{worker")
+
+
+def test_the_one_tf_config_builder_adds_the_environment_only_when_asked_and_always_checks_the_cluster():
+    cluster = {"chief": ["c:1"], "worker": ["w:1", "w:2"], "evaluator": ["e:1"]}
+    assert build_tf_config(cluster, "worker", 1) == {
+        "cluster": {"chief": ["c:1"], "worker": ["w:1", "w:2"], "evaluator": ["e:1"]},
+        "task": {"type": "worker", "index": 1},
+    }
+    assert build_tf_config(cluster, "evaluator", 0, environment="cloud") == {
+        "cluster": {"chief": ["c:1"], "worker": ["w:1", "w:2"], "evaluator": ["e:1"]},
+        "task": {"type": "evaluator", "index": 0},
+        "environment": "cloud",
+    }
+    with pytest.raises(UsageError, match=r"^address 'w:1' appears twice \(in 'worker' and 'ps'\)"):
+        build_tf_config({"worker": ["w:1"], "ps": ["w:1"]}, "worker", 0, environment="cloud")
+    with pytest.raises(UsageError, match=r"^cluster job 'master' is unknown"):
+        build_tf_config({"master": ["m:1"]}, "master", 0, environment="cloud")
+
+
+def test_a_jobs_cluster_and_a_runs_cluster_come_from_one_topology():
+    from trainer.cluster.topology import assign_addresses
+
+    addresses = ["a:1", "b:1", "c:1", "d:1", "e:1"]
+    assert assign_addresses(addresses, 2, 1, chief=True, evaluator=True) == {
+        "chief": ["a:1"],
+        "worker": ["b:1", "c:1"],
+        "ps": ["d:1"],
+        "evaluator": ["e:1"],
+    }
+    assert assign_addresses(addresses[:2], 0, chief=True, evaluator=True) == {"chief": ["a:1"], "evaluator": ["b:1"]}
+    assert assign_addresses(addresses[:3], 2, chief=True) == {"chief": ["a:1"], "worker": ["b:1", "c:1"]}
+    assert assign_addresses(addresses[:4], 2, 1) == {"chief": ["a:1"], "worker": ["b:1", "c:1"], "ps": ["d:1"]}

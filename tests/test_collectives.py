@@ -6,16 +6,17 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
-from trainer.cluster.local import free_ports
+from tests.support.paths import ROOT
+from trainer.cluster.local_processes import free_ports
 
 
-def _two_workers(mode, tmp_path):
+def _two_workers(modes, tmp_path):
+    """Two probe workers training once per mode of MODES (one strategy, one process each): [{mode: report}] by rank."""
     ports = ",".join(map(str, free_ports(2)))
-    outs = [tmp_path / f"{mode}-{rank}.json" for rank in (0, 1)]
+    outs = [tmp_path / f"worker-{rank}.json" for rank in (0, 1)]
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.collective_probe", str(rank), ports, mode, str(outs[rank])],
+            [sys.executable, "-m", "tests.collective_probe", str(rank), ports, modes, str(outs[rank])],
             cwd=ROOT,
             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"},
             stderr=subprocess.PIPE,
@@ -31,8 +32,8 @@ def _two_workers(mode, tmp_path):
 
 @pytest.mark.slow
 def test_a_training_step_all_reduces_only_the_gradients_and_epoch_metrics_stay_global(tmp_path):
-    keras_default = _two_workers("keras", tmp_path)
-    local = _two_workers("local", tmp_path)
+    workers = _two_workers("keras,local", tmp_path)
+    keras_default, local = [w["keras"] for w in workers], [w["local"] for w in workers]
     # tf-keras: the gradients, then for the loss and the accuracy total and count, then each returned value.
     assert [w["collectives"] for w in keras_default] == [7, 7]
     assert [w["collectives"] for w in local] == [1, 1]

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
-from tests.test_faults import Streamed, _env, worker_process
-from trainer.command.record import JobRecord
-from trainer.storage.publish import latest
+from tests.support.paths import ROOT
+from tests.support.processes import Streamed, child_env, worker_process
+from trainer.publishing.publish import latest
+from trainer.records.job import JobRecord
 
 EXAMPLE = ROOT / "pipelines" / "tfjob_example" / "tfjob.yaml"
 
@@ -31,17 +31,17 @@ def killed_run(tmp_path_factory):
     """The example's pipeline with worker 1's training process SIGKILLed once epoch 2 has started."""
     base = tmp_path_factory.mktemp("command")
     published = base / "published"
-    # The example's 5 epochs of the sample take seconds; 30 leave time to kill a worker in epoch 2.
+    # The example's 5 epochs of the sample take seconds; 8 leave time to kill a worker in epoch 2.
     manifest = base / "tfjob.yaml"
-    manifest.write_text(EXAMPLE.read_text().replace("--epochs=5", "--epochs=30"))
+    manifest.write_text(EXAMPLE.read_text().replace("--epochs=5", "--epochs=8"))
     run = Streamed(
         [
             sys.executable, "-m", "pipelines.tfjob", str(manifest), "--local", "--mount", f"/app={ROOT}",
             "--saved-model", "/train/saved_model", "--publish-uri", str(published), "--output-dir", str(base / "out"),
         ],
-        _env(),
+        child_env(),
     )  # fmt: skip
-    code, pid = run.kill_once(r"Epoch 2/30", lambda: _training_process(1))
+    code, pid = run.kill_once(r"Epoch 2/8", lambda: _training_process(1))
     return code, run.lines, published, pid
 
 
@@ -71,8 +71,8 @@ def test_the_converted_job_publishes_the_chiefs_model_with_its_lineage(killed_ru
 
 _ONE_TASK = """
 import sys
-from trainer.cli import run_step
-from trainer.command.run import command_task, create_job_cluster
+from trainer.core.entry import run_step
+from trainer.steps import command_task, create_job_cluster
 
 cluster, model, script = sys.argv[1:4]
 run_step(
@@ -96,7 +96,7 @@ def test_sigterm_stops_a_command_promptly_with_143_and_leaves_no_process(tmp_pat
             sys.executable, "-c", _ONE_TASK, str(tmp_path / "cluster"), str(tmp_path / "model"),
             str(EXAMPLE.parent / "train.py"), str(ROOT / "data" / "mnist-sample"),
         ],
-        _env(),
+        child_env(),
     )  # fmt: skip
     try:
         task.wait_for(r"Epoch 2/1000", 300)

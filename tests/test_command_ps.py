@@ -7,17 +7,17 @@ import uuid
 
 import pytest
 
-from tests.conftest import ROOT, script_processes
-from tests.test_faults import Streamed, _env
-from trainer.command.record import JobRecord
-from trainer.command.run import create_job_cluster
+from tests.support.paths import ROOT
+from tests.support.processes import Streamed, child_env, script_processes
+from trainer.records.job import JobRecord
+from trainer.steps import create_job_cluster
 
 SCRIPT = ROOT / "tests" / "user_code" / "ps_train.py"
 TASKS = (("chief", 0), ("ps", 0), ("worker", 0))
 STEP = """
 import json, sys
-from trainer.cli import run_step
-from trainer.command.run import command_task
+from trainer.core.entry import run_step
+from trainer.steps import command_task
 run_step(command_task, **json.loads(sys.argv[1]))
 """
 
@@ -37,7 +37,7 @@ def _job(base, chief_env=None, tasks=TASKS, run_id=None):
             "saved_model": "", "image": "local", "startup_timeout": 120.0, "unschedulable_timeout": 120.0,
             "max_restarts": 0, "checkpoint_dir": "", "cluster_mode": "local", "chief_timeout": 60.0,
         }  # fmt: skip
-        started[task_type] = Streamed([sys.executable, "-c", STEP, json.dumps(arguments)], _env()), model_dir
+        started[task_type] = Streamed([sys.executable, "-c", STEP, json.dumps(arguments)], child_env()), model_dir
     return started
 
 

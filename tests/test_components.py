@@ -38,6 +38,17 @@ def test_prepare_data_refuses_a_bad_source_with_exit_2(tmp_path, capsys):
     assert not (tmp_path / "dataset").exists()
 
 
+def test_a_server_step_refuses_a_task_that_is_not_type_colon_index_with_exit_2(tmp_path, capsys):
+    inputs = {"dataset": Dataset(uri=str(tmp_path / "d")), "cluster": Artifact(uri=str(tmp_path / "cluster"))}
+    settings = {"run_id": "run-8", "status_uri": "", "storage": "", "s3_endpoint": "", "cluster_mode": "local"}
+    timeouts = {"startup_timeout": 1.0, "unschedulable_timeout": 1.0, "chief_timeout": 1.0}
+    with pytest.raises(SystemExit) as exit_info:
+        _run("train_server", task="ps-0", **inputs, **settings, **timeouts)
+    assert exit_info.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == "error: task 'ps-0' is not TYPE:INDEX; allowed: a task such as 'worker:1' or 'ps:0'"
+
+
 def test_create_cluster_variants_give_typed_items_and_a_cluster_file(tmp_path):
     cluster = Artifact(uri=str(tmp_path / "mirrored"))
     assert _run("create_cluster", cluster=cluster, run_id="r", num_workers=3, cluster_mode="local", port=2222) == [

@@ -10,11 +10,12 @@ import sys
 import pytest
 import yaml
 
-from components import contract
+from components import signatures
 from pipelines.factories import FACTORIES
-from tests.conftest import IMAGE, ROOT, pipeline_spec
+from tests.support.paths import ROOT
+from tests.support.pipelines import IMAGE, pipeline_spec
 from trainer.config import contract as config
-from trainer.config import registry as settings
+from trainer.config import settings
 from trainer.config.flags import flag_name
 from trainer.core.errors import UsageError
 
@@ -29,7 +30,7 @@ def test_every_setting_is_declared_once_with_help_and_a_check():
 
 
 def test_overrides_name_settings_say_why_and_pass_the_check():
-    for name, override in contract.PIPELINE_OVERRIDES.items():
+    for name, override in signatures.PIPELINE_OVERRIDES.items():
         assert override.value != settings.default(name) and len(override.reason) > 40
         assert settings.check(name, override.value) == override.value
 
@@ -97,13 +98,13 @@ def test_every_default_and_description_in_the_yaml_comes_from_the_contract(compi
     root = compiled["root"]["inputDefinitions"]["parameters"]
     assert root, "the pipeline has parameters"
     for name, parameter in root.items():
-        assert parameter["defaultValue"] == contract.pipeline_default(name), name
+        assert parameter["defaultValue"] == signatures.pipeline_default(name), name
         assert parameter["description"] == settings.help_text(name), name
     component_defaults = 0
     for component in compiled["components"].values():
         for name, parameter in component.get("inputDefinitions", {}).get("parameters", {}).items():
             if "defaultValue" in parameter and not name.startswith("pipelinechannel--"):
-                assert parameter["defaultValue"] == contract.pipeline_default(name), name
+                assert parameter["defaultValue"] == signatures.pipeline_default(name), name
                 assert parameter["description"] == settings.help_text(name), name
                 component_defaults += 1
     assert component_defaults >= 20

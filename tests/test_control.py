@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from trainer.cluster import control as control_lib
+from trainer.cluster.cluster_record import ClusterRecord
 from trainer.cluster.control import MAX_LINE, Control, PeerState, connection_limits, seal
-from trainer.cluster.local import free_ports
-from trainer.cluster.record import ClusterRecord
+from trainer.cluster.local_processes import free_ports
 from trainer.cluster.resume import CheckpointHome
 from trainer.core.errors import PeerUnavailableError, UsageError
 
@@ -243,7 +243,7 @@ def test_a_channel_needs_the_runs_secret_and_the_record_carries_it_but_its_metad
 
 _WRITE_A_RECORD = """
 import json, os, stat, sys
-from trainer.cluster.record import ClusterRecord
+from trainer.cluster.cluster_record import ClusterRecord
 
 modes = []
 
@@ -261,7 +261,7 @@ print(json.dumps(modes))
 def test_cluster_json_is_its_owners_alone_from_its_first_byte(tmp_path):
     """Made readable by others and then chmodded, a reader could open it in between: it is created 0600 (here under
     umask 0, which opens every other file to all) and renamed into place so; the audit hook looks as it is renamed."""
-    from tests.conftest import ROOT
+    from tests.support.paths import ROOT
 
     result = subprocess.run(
         [sys.executable, "-c", _WRITE_A_RECORD, str(tmp_path)],
@@ -277,7 +277,7 @@ def test_cluster_json_is_its_owners_alone_from_its_first_byte(tmp_path):
 
 
 def test_addresses_in_brackets_are_ipv6_and_bare_ones_are_refused():
-    from trainer.cluster.tf_config import build_tf_config, connect_host, next_port, split_address
+    from trainer.cluster.topology import build_tf_config, connect_host, next_port, split_address
 
     assert split_address("[::1]:2222") == ("[::1]", 2222) and connect_host("[::1]") == "::1"
     assert next_port("[fd00::5]:2222") == "[fd00::5]:2223"
@@ -289,7 +289,7 @@ def test_addresses_in_brackets_are_ipv6_and_bare_ones_are_refused():
 
 
 def test_a_task_started_by_hand_without_the_secret_is_refused_with_one_line(tmp_path):
-    from tests.conftest import run_module, trainer_args
+    from tests.support.processes import run_module, trainer_args
 
     tf_config = {"cluster": {"worker": ["localhost:5001", "localhost:5003"]}, "task": {"type": "worker", "index": 0}}
     result = run_module(
@@ -305,3 +305,17 @@ def test_a_task_started_by_hand_without_the_secret_is_refused_with_one_line(tmp_
         "started by hand the same TRAINER_CONTROL_SECRET (at least 32 characters) in every task's environment"
     ]
     assert not (tmp_path / "model").exists()
+
+
+def test_the_supervisor_states_are_an_enum_and_cross_the_channel_as_their_old_strings():
+    from trainer.cluster.control import State
+
+    assert [s.value for s in State] == ["starting", "fetching", "running", "formed", "failed", "done"]
+    assert [s for s in State if s.is_terminal] == [State.FAILED, State.DONE]
+    assert [s for s in State if s.is_live] == [State.RUNNING, State.FORMED]
+    state = PeerState(2, State.FETCHING, 3)
+    assert state.to_json() == {"generation": 2, "state": "fetching", "checkpoint": 3}
+    assert json.dumps(state.to_json()) == '{"generation": 2, "state": "fetching", "checkpoint": 3}'
+    assert PeerState.from_json({"generation": 2, "state": "fetching", "checkpoint": 3}) == state
+    with pytest.raises(ValueError, match="not a supervisor state"):
+        PeerState.from_json({"generation": 2, "state": "waiting"})

@@ -6,10 +6,10 @@ import tensorflow as tf
 
 from trainer.config.contract import DataConfig, OptimConfig, RuntimeConfig, TrainConfig
 from trainer.core.errors import UsageError
-from trainer.data import sources as prepare
-from trainer.evaluation.metrics import run as evaluate
+from trainer.data import sources
+from trainer.evaluation.metrics import evaluate
+from trainer.records.history import History
 from trainer.training import mirrored
-from trainer.training.history import History
 
 
 def ONE_DEVICE():  # noqa: N802 - reads as the strategy it builds
@@ -20,7 +20,7 @@ def ONE_DEVICE():  # noqa: N802 - reads as the strategy it builds
 @pytest.fixture(scope="module")
 def few_digits(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("few") / "data")
-    prepare.run(DataConfig(source="sample", max_train_examples=96, max_test_examples=48, num_shards=2), out)
+    sources.run(DataConfig(source="sample", max_train_examples=96, max_test_examples=48, num_shards=2), out)
     return out
 
 
@@ -45,7 +45,6 @@ def test_one_device_training_writes_the_model_and_the_loss_falls(few_digits, tmp
     assert not (tmp_path / "model.backup").exists(), "the checkpoint directory is removed after a successful run"
 
 
-@pytest.mark.slow
 def test_the_datasets_seam_trains_on_what_it_is_given(few_digits, tmp_path):
     images = np.zeros((16, 28, 28, 1), np.float32)
     labels = np.full((16,), 3, np.int64)

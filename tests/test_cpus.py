@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, trainer_args
 from tests.standins.cgroup import cpu_limited
+from tests.support.paths import ROOT
+from tests.support.processes import trainer_args
 from trainer.core.cpus import CpuBudget, Share, ThreadCounts, cpu_budget, ranges, shares, thread_counts
 
 

@@ -8,19 +8,17 @@ from datetime import datetime, timezone
 import pytest
 import yaml
 
-from tests.conftest import ROOT
 from tests.standins.dns import DnsServer, query
 from tests.standins.kube import Call, KubeStandIn
+from tests.support.paths import ROOT
+from trainer.cluster import configmap_status, discovery
 from trainer.core.errors import StartupTimeoutError
-from trainer.k8s import claims as checkpoints
-from trainer.k8s import discovery
-from trainer.k8s import objects as k8s
-from trainer.k8s import status as configmap_status
+from trainer.k8s import checkpoints, objects
 from trainer.training import parameter_server as ps
 
 RUN_ID = "7c1e5a3e-8c1d-4c53-9b8e-2f1e4d5c6a7b"
 NS = "team-a"
-SPEC = {"worker": k8s.task_addresses(RUN_ID, 2, NS, 2222)}
+SPEC = {"worker": objects.task_addresses(RUN_ID, 2, NS, 2222)}
 WORKFLOW = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": "mnist-multiworker-q9z"}}
 UNSCHEDULABLE = (
     "0/3 nodes are available: 3 Insufficient cpu. preemption: 0/3 nodes are available: 3 No preemption victims found."
@@ -36,7 +34,9 @@ def _quick_polls(monkeypatch):
 @pytest.fixture
 def cluster(httpserver, monkeypatch):
     """The API stand-in (pods it learns get Argo's and KFP's labels), its DNS server, and this pod's identity."""
-    standin = KubeStandIn(pod_labels={k8s.WORKFLOW_LABEL: WORKFLOW["metadata"]["name"], k8s.KFP_RUN_LABEL: RUN_ID})
+    standin = KubeStandIn(
+        pod_labels={objects.WORKFLOW_LABEL: WORKFLOW["metadata"]["name"], objects.KFP_RUN_LABEL: RUN_ID}
+    )
     standin.install(httpserver)
     standin.add("workflows.argoproj.io", NS, WORKFLOW)
     monkeypatch.setenv("POD_NAMESPACE", NS)
@@ -47,13 +47,13 @@ def cluster(httpserver, monkeypatch):
         def resolve(host):
             return {str(r.rdata) for r in query(f"{host}.cluster.local", "127.0.0.1", dns.port).rr}
 
-        yield standin, k8s.core_api(host=httpserver.url_for("").rstrip("/")), resolve
+        yield standin, objects.core_api(host=httpserver.url_for("").rstrip("/")), resolve
 
 
 def _peer_joined(standin, index, ip="198.18.3.7"):
     """What a peer's own join does: its Service and its labelled pod (with the IP the kubelet gave it)."""
-    standin.add("services", NS, k8s.service_manifest(RUN_ID, index, 2222))
-    standin.add_pod(NS, f"peer-{index}", labels=k8s.pod_labels(RUN_ID, index), ip=ip)
+    standin.add("services", NS, objects.service_manifest(RUN_ID, index, 2222))
+    standin.add_pod(NS, f"peer-{index}", labels=objects.pod_labels(RUN_ID, index), ip=ip)
 
 
 def test_join_creates_the_service_labels_the_pod_and_waits_for_its_own_name_too(cluster):
@@ -63,7 +63,7 @@ def test_join_creates_the_service_labels_the_pod_and_waits_for_its_own_name_too(
         SPEC, "worker", 0, RUN_ID, timeout=10, unschedulable_timeout=60, api=api, resolve=resolve
     )
     assert position == 0
-    own = standin.get("services", NS, k8s.service_name(RUN_ID, 0))
+    own = standin.get("services", NS, objects.service_name(RUN_ID, 0))
     assert (
         own["metadata"]["ownerReferences"][0]["uid"]
         == standin.get("workflows.argoproj.io", NS, WORKFLOW["metadata"]["name"])["metadata"]["uid"]
@@ -77,8 +77,8 @@ def test_join_creates_the_service_labels_the_pod_and_waits_for_its_own_name_too(
     ]
     assert resolve(SPEC["worker"][0].split(":")[0]) == {"127.0.0.1"}, "its own name leads to its own pod IP"
     discovery.leave_cluster(RUN_ID, position, api=api)
-    assert standin.get("services", NS, k8s.service_name(RUN_ID, 0)) is None
-    assert standin.get("services", NS, k8s.service_name(RUN_ID, 1)) is not None, "a task deletes only its own"
+    assert standin.get("services", NS, objects.service_name(RUN_ID, 0)) is None
+    assert standin.get("services", NS, objects.service_name(RUN_ID, 1)) is not None, "a task deletes only its own"
 
 
 def test_own_name_pointing_elsewhere_is_not_enough(cluster, monkeypatch):
@@ -100,7 +100,7 @@ def test_a_missing_peer_is_named_with_what_its_pod_is_doing(cluster):
     standin.add_pod(
         NS,
         "mnist-multiworker-q9z-system-container-impl-2002",
-        labels={k8s.KFP_RUN_LABEL: RUN_ID},
+        labels={objects.KFP_RUN_LABEL: RUN_ID},
         phase="Pending",
         conditions=[{"type": "PodScheduled", "status": "True"}],
     )
@@ -121,7 +121,7 @@ def test_an_unschedulable_peer_fails_the_join_early_with_the_schedulers_reason(c
     standin.add_pod(
         NS,
         "mnist-multiworker-q9z-system-container-impl-3003",
-        labels={k8s.KFP_RUN_LABEL: RUN_ID},
+        labels={objects.KFP_RUN_LABEL: RUN_ID},
         phase="Pending",
         conditions=[
             {
@@ -151,7 +151,7 @@ def test_a_peer_that_joined_but_does_not_resolve_is_named_with_its_pod(cluster):
     standin.add_pod(
         NS,
         "peer-1",
-        labels=k8s.pod_labels(RUN_ID, 1),
+        labels=objects.pod_labels(RUN_ID, 1),
         phase="Pending",
         conditions=[{"type": "PodScheduled", "status": "True"}],
     )
@@ -177,7 +177,7 @@ def test_without_permission_to_list_pods_the_join_still_names_the_missing_peer(h
     monkeypatch.setenv("POD_NAMESPACE", NS)
     monkeypatch.setenv("POD_NAME", "pod-0")
     monkeypatch.setenv("POD_IP", "127.0.0.1")
-    api = k8s.core_api(host=httpserver.url_for("").rstrip("/"))
+    api = objects.core_api(host=httpserver.url_for("").rstrip("/"))
     with pytest.raises(StartupTimeoutError, match="no pod has joined yet"):
         discovery.join_cluster(
             SPEC, "worker", 0, RUN_ID, timeout=0.3, unschedulable_timeout=60, api=api, resolve=lambda host: set()
@@ -190,13 +190,13 @@ def test_without_permission_to_list_pods_the_join_still_names_the_missing_peer(h
 def test_the_rbac_roles_grant_exactly_what_a_training_step_calls(httpserver, monkeypatch, path):
     """A join that has to explain a missing peer, then a successful join and the leave, under the shipped Role."""
     role = next(d for d in yaml.safe_load_all(path.read_text()) if d["kind"] == "Role")
-    standin = KubeStandIn(role=role, pod_labels={k8s.WORKFLOW_LABEL: WORKFLOW["metadata"]["name"]})
+    standin = KubeStandIn(role=role, pod_labels={objects.WORKFLOW_LABEL: WORKFLOW["metadata"]["name"]})
     standin.install(httpserver)
     standin.add("workflows.argoproj.io", NS, WORKFLOW)
     monkeypatch.setenv("POD_NAMESPACE", NS)
     monkeypatch.setenv("POD_NAME", "pod-0")
     monkeypatch.setenv("POD_IP", "127.0.0.1")
-    api = k8s.core_api(host=httpserver.url_for("").rstrip("/"))
+    api = objects.core_api(host=httpserver.url_for("").rstrip("/"))
     with pytest.raises(StartupTimeoutError):
         discovery.join_cluster(
             SPEC, "worker", 0, RUN_ID, timeout=0.1, unschedulable_timeout=60, api=api, resolve=lambda host: set()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 

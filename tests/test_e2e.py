@@ -230,8 +230,8 @@ def test_the_tabular_example_trains_in_its_own_image_survives_a_lost_pod_and_rea
     from kfp import local
 
     from pipelines.jobs import tfjob_pipeline
-    from tests.test_diagnosis_example import AUC_MARGIN
-    from trainer.command.tfjob import read_manifest
+    from tests.support.tabular import AUC_MARGIN
+    from trainer.command.tfjob_spec import read_manifest
 
     client, network, stand_in, image = cluster
     try:
@@ -296,7 +296,7 @@ def test_the_tabular_example_in_module_mode_trains_in_its_own_image_gated_on_auc
     import docker
     from kfp import local
 
-    from tests.test_module_mode import EPOCHS
+    from tests.support.tabular import EPOCHS
 
     client, network, stand_in, image = cluster
     try:
@@ -399,7 +399,7 @@ def test_a_tfjob_runs_in_a_plain_tensorflow_image_with_the_package_installed_and
     from kubernetes import client as k8s_client
 
     from pipelines.jobs import tfjob_pipeline
-    from trainer.command.tfjob import read_manifest
+    from trainer.command.tfjob_spec import read_manifest
 
     client, network, stand_in, image = cluster
     try:

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT, pipeline_spec
+from tests.support.paths import ROOT
+from tests.support.pipelines import pipeline_spec
 
 WORKER_PARAMETERS = {
     "worker_index": 0,

@@ -7,96 +7,17 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 
-from tests.conftest import ROOT, trainer_args
-from trainer.cluster.local import free_ports
-from trainer.cluster.tf_config import build_tf_config
+from tests.support.paths import ROOT
+from tests.support.processes import Streamed, child_env, launch, trainer_args
+from trainer.cluster.local_processes import free_ports
+from trainer.cluster.topology import build_tf_config
 from trainer.core.runs import run_key
-from trainer.evaluation.metrics import run as evaluate
-from trainer.training.history import History
-
-
-def _env(extra=None):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="1", PYTHONUNBUFFERED="1")
-    env.pop("TF_CONFIG", None)
-    env.update(extra or {})
-    return env
-
-
-def launch(*args: str, env: dict | None = None) -> "Streamed":
-    """`trainer-launch ARGS` with its merged output collected line by line; ENV added to the environment."""
-    return Streamed([sys.executable, "-m", "trainer.launch", *args], _env(env))
-
-
-class Streamed:
-    """A process whose merged output is collected line by line while it runs."""
-
-    def __init__(self, args, env):
-        self.proc = subprocess.Popen(
-            args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def wait_for(self, pattern, timeout):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in list(self.lines):
-                if m := re.search(pattern, line):
-                    return m
-            if self.proc.poll() is not None and not self._reader.is_alive():
-                break
-            time.sleep(0.05)
-        raise AssertionError(f"no line matching {pattern!r} within {timeout}s:\n" + "\n".join(self.lines[-40:]))
-
-    def finish(self, timeout):
-        code = self.proc.wait(timeout=timeout)
-        self._reader.join(timeout=10)
-        return code
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-
-    def kill_once(self, pattern, find_pid, timeout=400, finish=600):
-        """Once a line matches `pattern`, SIGKILLs the process `find_pid()` names; then waits for the end.
-
-        Returns:
-            (the run's exit code, the killed pid).
-        """
-        try:
-            self.wait_for(pattern, timeout)
-            pid = find_pid()
-            assert pid, "\n".join(self.lines[-40:])
-            os.kill(pid, signal.SIGKILL)
-            return self.finish(finish), pid
-        finally:
-            self.kill()
-
-
-def worker_process(index, command):
-    """The pid of a process whose command line passes `command(argv)` and whose TF_CONFIG is worker INDEX's."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
-            environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-        except OSError:
-            continue
-        if not command(argv):
-            continue
-        config = next((e[len(b"TF_CONFIG=") :] for e in environ if e.startswith(b"TF_CONFIG=")), b"{}")
-        if json.loads(config).get("task", {}).get("index") == index:
-            return int(pid)
-    return None
+from trainer.evaluation.metrics import evaluate
+from trainer.records.history import History
 
 
 @pytest.mark.slow
@@ -106,7 +27,7 @@ def test_peer_that_dies_and_is_not_restarted_fails_the_survivor_naming_it(sample
     workers = [
         Streamed(
             [sys.executable, "-m", "trainer.train", *trainer_args(sample_data, tmp_path / "model", "--epochs", "30")],
-            _env({"TF_CONFIG": json.dumps(build_tf_config(addresses, "worker", i))}),
+            child_env({"TF_CONFIG": json.dumps(build_tf_config(addresses, "worker", i))}),
         )
         for i in range(2)
     ]
@@ -134,7 +55,7 @@ def test_unresolvable_peer_fails_within_the_timeout_naming_it(sample_data, tmp_p
     result = subprocess.run(
         [sys.executable, "-m", "trainer.train", *trainer_args(sample_data, tmp_path / "m", "--startup-timeout", "6")],
         cwd=ROOT,
-        env=_env({"TF_CONFIG": json.dumps(tf_config)}),
+        env=child_env({"TF_CONFIG": json.dumps(tf_config)}),
         capture_output=True,
         text=True,
         timeout=120,

@@ -166,7 +166,7 @@ def test_a_worker_starts_in_the_container_and_forms_its_cluster(docker, capsys):
     """Two workers started together in one container: from process start to "cluster formed", without a peer wait."""
     script = (
         "import json, re, subprocess, sys, time\n"
-        "from trainer.cluster.local import free_ports\n"
+        "from trainer.cluster.local_processes import free_ports\n"
         "subprocess.run(['trainer-prepare', '--source', 'sample', '--output', '/tmp/data', '--max-train-examples', "
         "'512', '--max-test-examples', '128'], check=True, capture_output=True)\n"
         "ports = free_ports(2)\n"

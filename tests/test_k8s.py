@@ -6,14 +6,14 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.conftest import ROOT
 from tests.standins.kube import Call, KubeStandIn
-from trainer.cluster.tf_config import next_port
+from tests.support.kubernetes import K8S_VERSION
+from tests.support.paths import ROOT
+from trainer.cluster.topology import next_port
 from trainer.core.errors import KubernetesError, UsageError
-from trainer.k8s import objects as k8s
+from trainer.k8s import objects
 
 RUN_ID = "0b6f5a3e-8c1d-4c53-9b8e-2f1e4d5c6a7b"
-K8S_VERSION = "1.30.0"
 WORKFLOW = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": "mnist-multiworker-x7k2p"}}
 
 
@@ -26,17 +26,17 @@ def standin(httpserver):
 
 @pytest.fixture
 def api(httpserver):
-    return k8s.core_api(host=httpserver.url_for("").rstrip("/"), token="test-token")
+    return objects.core_api(host=httpserver.url_for("").rstrip("/"), token="test-token")
 
 
 def test_names_are_short_dns_labels_unique_per_run():
-    name = k8s.service_name(RUN_ID, 2)
+    name = objects.service_name(RUN_ID, 2)
     assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= 20
-    assert name == k8s.service_name(RUN_ID, 2), "stable across retries"
-    assert k8s.service_name("another-run", 2) != name
-    assert k8s.task_addresses(RUN_ID, 2, "team-a", 2222) == [
-        f"{k8s.service_name(RUN_ID, 0)}.team-a.svc:2222",
-        f"{k8s.service_name(RUN_ID, 1)}.team-a.svc:2222",
+    assert name == objects.service_name(RUN_ID, 2), "stable across retries"
+    assert objects.service_name("another-run", 2) != name
+    assert objects.task_addresses(RUN_ID, 2, "team-a", 2222) == [
+        f"{objects.service_name(RUN_ID, 0)}.team-a.svc:2222",
+        f"{objects.service_name(RUN_ID, 1)}.team-a.svc:2222",
     ]
     assert next_port("tfw-r1-0.team-a.svc:2222") == "tfw-r1-0.team-a.svc:2223"
 
@@ -46,9 +46,9 @@ def test_a_task_creates_its_headless_service_owned_by_the_run(standin, api, http
     standin.add_pod(
         "team-a",
         "mnist-x7k2p-system-container-impl-1",
-        labels={k8s.WORKFLOW_LABEL: "mnist-multiworker-x7k2p", k8s.KFP_RUN_LABEL: RUN_ID},
+        labels={objects.WORKFLOW_LABEL: "mnist-multiworker-x7k2p", objects.KFP_RUN_LABEL: RUN_ID},
     )
-    owner = k8s.workflow_owner(api, "team-a", "mnist-x7k2p-system-container-impl-1")
+    owner = objects.workflow_owner(api, "team-a", "mnist-x7k2p-system-container-impl-1")
     assert owner == {
         "apiVersion": "argoproj.io/v1alpha1",
         "kind": "Workflow",
@@ -56,12 +56,12 @@ def test_a_task_creates_its_headless_service_owned_by_the_run(standin, api, http
         "uid": workflow["metadata"]["uid"],
         "blockOwnerDeletion": False,
     }
-    assert k8s.ensure_service(api, "team-a", RUN_ID, 1, 2222, owner) is True
-    body = standin.get("services", "team-a", k8s.service_name(RUN_ID, 1))
+    assert objects.ensure_service(api, "team-a", RUN_ID, 1, 2222, owner) is True
+    body = standin.get("services", "team-a", objects.service_name(RUN_ID, 1))
     assert body["spec"]["clusterIP"] == "None" and body["spec"]["publishNotReadyAddresses"] is True
     assert body["spec"]["selector"] == {
         "app.kubernetes.io/name": "kfp-tf-multiworker",
-        "tf-multiworker.kubeflow.org/run": k8s.run_key(RUN_ID),
+        "tf-multiworker.kubeflow.org/run": objects.run_key(RUN_ID),
         "tf-multiworker.kubeflow.org/worker-index": "1",
     }
     assert body["spec"]["ports"] == [{"name": "tf-grpc", "port": 2222, "targetPort": 2222, "protocol": "TCP"}]
@@ -79,38 +79,40 @@ def test_a_task_creates_its_headless_service_owned_by_the_run(standin, api, http
 
 def test_without_a_workflow_the_service_is_still_created_with_a_warning(standin, api, caplog):
     standin.add_pod("team-a", "lonely-pod")
-    assert k8s.workflow_owner(api, "team-a", "lonely-pod") is None
+    assert objects.workflow_owner(api, "team-a", "lonely-pod") is None
     assert "has no workflows.argoproj.io/workflow label" in caplog.text
     standin.forbidden.add("locked")
-    assert k8s.workflow_owner(api, "locked", "any-pod") is None
+    assert objects.workflow_owner(api, "locked", "any-pod") is None
     assert "HTTP 403" in caplog.text
 
 
 def test_a_retried_task_keeps_its_service_and_a_missing_one_comes_back(standin, api):
-    assert k8s.ensure_service(api, "team-a", RUN_ID, 0, 2222, None) is True
-    assert k8s.ensure_service(api, "team-a", RUN_ID, 0, 2222, None) is False
-    assert k8s.delete_service(api, "team-a", RUN_ID, 0) is True
-    assert k8s.delete_service(api, "team-a", RUN_ID, 0) is False, "deleting twice is fine"
-    assert k8s.ensure_service(api, "team-a", RUN_ID, 0, 2222, None) is True, "a KFP Retry re-creates it"
-    assert list(standin.items("services")) == [("team-a", k8s.service_name(RUN_ID, 0))]
+    assert objects.ensure_service(api, "team-a", RUN_ID, 0, 2222, None) is True
+    assert objects.ensure_service(api, "team-a", RUN_ID, 0, 2222, None) is False
+    assert objects.delete_service(api, "team-a", RUN_ID, 0) is True
+    assert objects.delete_service(api, "team-a", RUN_ID, 0) is False, "deleting twice is fine"
+    assert objects.ensure_service(api, "team-a", RUN_ID, 0, 2222, None) is True, "a KFP Retry re-creates it"
+    assert list(standin.items("services")) == [("team-a", objects.service_name(RUN_ID, 0))]
 
 
 def test_pod_label_matches_its_service_selector_and_dns_follows(standin, api):
     for index in range(2):
-        k8s.ensure_service(api, "team-a", RUN_ID, index, 2222, None)
-    k8s.label_own_pod(api, "team-a", "mnist-xyz-train-worker-123", RUN_ID, 1)
+        objects.ensure_service(api, "team-a", RUN_ID, index, 2222, None)
+    objects.label_own_pod(api, "team-a", "mnist-xyz-train-worker-123", RUN_ID, 1)
     labels = standin.get("pods", "team-a", "mnist-xyz-train-worker-123")["metadata"]["labels"]
-    assert standin.get("services", "team-a", k8s.service_name(RUN_ID, 1))["spec"]["selector"].items() <= labels.items()
-    assert standin.dns_records() == {f"{k8s.service_name(RUN_ID, 1)}.team-a.svc.cluster.local": ["127.0.0.1"]}
+    assert (
+        standin.get("services", "team-a", objects.service_name(RUN_ID, 1))["spec"]["selector"].items() <= labels.items()
+    )
+    assert standin.dns_records() == {f"{objects.service_name(RUN_ID, 1)}.team-a.svc.cluster.local": ["127.0.0.1"]}
 
 
 def test_forbidden_names_verb_resource_and_namespace(standin, api):
     with pytest.raises(KubernetesError, match=r"may not create services in namespace 'locked'"):
-        k8s.ensure_service(api, "locked", RUN_ID, 0, 2222, None)
+        objects.ensure_service(api, "locked", RUN_ID, 0, 2222, None)
     with pytest.raises(KubernetesError, match=r"may not patch pods in namespace 'locked'"):
-        k8s.label_own_pod(api, "locked", "pod-1", RUN_ID, 0)
+        objects.label_own_pod(api, "locked", "pod-1", RUN_ID, 0)
     with pytest.raises(KubernetesError, match=r"may not delete services in namespace 'locked'"):
-        k8s.delete_service(api, "locked", RUN_ID, 0)
+        objects.delete_service(api, "locked", RUN_ID, 0)
     assert Call("create", "services", "locked", None) in standin.calls
 
 
@@ -130,7 +132,7 @@ def test_deploy_roles_validate_against_kubernetes_schemas(path):
 
 def test_the_network_policy_validates_and_opens_the_training_and_control_ports_between_training_pods():
     from pipelines.pods import TRAINING
-    from trainer.config import registry as settings
+    from trainer.config import settings
 
     assert {p.name for p in (ROOT / "deploy").glob("*.yaml")} == {
         "rbac-kubeflow-multi-user.yaml",
@@ -145,7 +147,7 @@ def test_the_network_policy_validates_and_opens_the_training_and_control_ports_b
     assert rule["from"] == [{"podSelector": {"matchLabels": label}}], "only from the pipeline's training pods"
     port = settings.default("port")
     assert [(p["protocol"], p["port"]) for p in rule["ports"]] == [("TCP", port), ("TCP", port + 1)]
-    assert label.items() <= k8s.pod_labels("run-1", 0).items(), "the label the pods also give themselves"
+    assert label.items() <= objects.pod_labels("run-1", 0).items(), "the label the pods also give themselves"
 
 
 def test_service_bodies_validate_against_kubernetes_schemas():
@@ -157,20 +159,20 @@ def test_service_bodies_validate_against_kubernetes_schemas():
         "blockOwnerDeletion": False,
     }
     for index in range(3):
-        kubernetes_validate.validate(k8s.service_manifest(RUN_ID, index, 2222, owner), K8S_VERSION, strict=True)
+        kubernetes_validate.validate(objects.service_manifest(RUN_ID, index, 2222, owner), K8S_VERSION, strict=True)
 
 
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: k8s.task_addresses(RUN_ID, 0, "ns"), "tasks 0 is not allowed; allowed: an integer from 1 to 64"),
-        (lambda: k8s.task_addresses(RUN_ID, 65, "ns"), "tasks 65 is not allowed"),
+        (lambda: objects.task_addresses(RUN_ID, 0, "ns"), "tasks 0 is not allowed; allowed: an integer from 1 to 64"),
+        (lambda: objects.task_addresses(RUN_ID, 65, "ns"), "tasks 65 is not allowed"),
         (
-            lambda: k8s.task_addresses(RUN_ID, 2, "ns", 65535),
+            lambda: objects.task_addresses(RUN_ID, 2, "ns", 65535),
             "port 65535 is not allowed; allowed: an integer from 1 to 65534",
         ),
-        (lambda: k8s.service_name("", 0), "run id is empty"),
-        (lambda: k8s.label_own_pod(None, "ns", "", RUN_ID, 0), "the pod name is empty"),
+        (lambda: objects.service_name("", 0), "run id is empty"),
+        (lambda: objects.label_own_pod(None, "ns", "", RUN_ID, 0), "the pod name is empty"),
     ],
 )
 def test_bad_inputs(call, message):
@@ -182,15 +184,15 @@ def test_pod_name_and_namespace_come_from_the_downward_api_or_the_pod_itself(mon
     import socket
 
     monkeypatch.delenv("POD_NAME", raising=False)
-    assert k8s.pod_name() == socket.gethostname(), "Kubernetes sets a pod's host name to its name"
+    assert objects.pod_name() == socket.gethostname(), "Kubernetes sets a pod's host name to its name"
     monkeypatch.setenv("POD_NAME", "train-worker-0")
-    assert k8s.pod_name() == "train-worker-0"
+    assert objects.pod_name() == "train-worker-0"
     monkeypatch.setenv("POD_NAMESPACE", "team-a")
-    assert k8s.namespace() == "team-a"
+    assert objects.namespace() == "team-a"
     monkeypatch.delenv("POD_NAMESPACE")
     (tmp_path / "namespace").write_text("team-b\n")
-    monkeypatch.setattr(k8s, "NAMESPACE_FILE", str(tmp_path / "namespace"))
-    assert k8s.namespace() == "team-b"
+    monkeypatch.setattr(objects, "NAMESPACE_FILE", str(tmp_path / "namespace"))
+    assert objects.namespace() == "team-b"
 
 
 # /proc/self/mountinfo of a KFP task's pod: the container's overlay root, the kubelet's files, a claim at /models.

@@ -12,13 +12,13 @@ import time
 
 import pytest
 
-from tests.conftest import write_history
 from tests.standins.s3 import S3Server
+from tests.support.records import write_history
 from trainer import steps
-from trainer.cli import run_step
 from trainer.config.contract import TrainConfig
+from trainer.core.entry import run_step
 from trainer.core.runs import run_key
-from trainer.storage import kfp as kfpstore
+from trainer.storage import kfpstore
 from trainer.training import parameter_server as ps
 
 pytestmark = pytest.mark.slow  # a server process and a SavedModel

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_pipeline import _cli, _script
-from trainer.training.history import History
+from tests.support.pipelines import run_cli, run_script
+from trainer.records.history import History
 
 
 def _summary(stdout):
@@ -19,11 +19,11 @@ def _summary(stdout):
 def test_local_pipeline_end_to_end_and_a_failed_gate_publishes_nothing(tmp_path):
     """Two runs through kfp.local on the shipped sample: 4 epochs that pass every check and publish, then 1 epoch
     against a gate of 0.999, which routes around publishing and leaves the published model as it was."""
-    from tests.test_tensorboard import TRAIN_TAGS, read_scalars
+    from tests.support.tensorboard import TRAIN_TAGS, read_scalars
 
     published = tmp_path / "published"
     where = ["--num-workers", "2", "--publish-uri", str(published)]
-    result = _script(
+    result = run_script(
         "--local",
         *where,
         "--epochs",
@@ -55,7 +55,7 @@ def test_local_pipeline_end_to_end_and_a_failed_gate_publishes_nothing(tmp_path)
     assert latest["lineage"]["dataset"] == "sample" and latest["lineage"]["parameters"]["num_workers"] == 2
     assert latest["lineage"]["run_id"] == history.run_id != ""
 
-    held = _script(
+    held = run_script(
         "--local", *where, "--epochs", "1", "--min-accuracy", "0.999", "--output-dir", str(tmp_path / "run2")
     )
     assert held.returncode == 0, held.stderr[-3000:]
@@ -69,7 +69,7 @@ def test_local_pipeline_end_to_end_and_a_failed_gate_publishes_nothing(tmp_path)
 
 
 def test_local_parameter_server_run_is_refused_with_the_reason(tmp_path, capsys):
-    result = _cli(capsys, "--local", "--strategy", "parameter_server", "--output-dir", str(tmp_path / "run"))
+    result = run_cli(capsys, "--local", "--strategy", "parameter_server", "--output-dir", str(tmp_path / "run"))
     assert result.returncode == 2
     assert (
         "--strategy parameter_server is not allowed with --local: kfp.local runs at most 2 tasks at once"
@@ -80,7 +80,7 @@ def test_local_parameter_server_run_is_refused_with_the_reason(tmp_path, capsys)
 
 def test_local_run_with_three_workers_is_refused_at_once(tmp_path, capsys):
     start = time.monotonic()
-    result = _cli(capsys, "--local", "--num-workers", "3", "--output-dir", str(tmp_path / "run"))
+    result = run_cli(capsys, "--local", "--num-workers", "3", "--output-dir", str(tmp_path / "run"))
     assert result.returncode == 2
     assert "at most 2 ParallelFor iterations at once" in result.stderr
     assert time.monotonic() - start < 60 and not (tmp_path / "run").exists(), "refused before kfp.local starts"

@@ -13,11 +13,12 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, run_module
-from tests.test_faults import Streamed, _env, worker_process
+from tests.support.paths import ROOT
+from tests.support.processes import Streamed, child_env, run_module, worker_process
+from tests.support.tabular import AUC_MARGIN, EPOCHS, GLOBAL_BATCH
 from trainer.config.contract import DataConfig, ModelConfig, PublishConfig, TrainConfig
+from trainer.config.gate import Gate
 from trainer.core.errors import UsageError
-from trainer.evaluation.gate import Gate
 
 REGRESSION = "tests.user_code.regression"
 EXAMPLE = ROOT / "pipelines" / "tabular_example"
@@ -146,12 +147,12 @@ def regression(tmp_path_factory):
 
 def test_every_worker_reads_the_examples_in_the_order_the_function_gave_them(regression):
     from tests.user_code.regression import datasets
-    from trainer.data import functions
+    from trainer.data import user_source
     from trainer.data.tfrecords import load_metadata
 
     data = str(regression[0] / "data")
     for split in ("train", "test"):
-        saved = list(functions.load_split(data, load_metadata(data), split).as_numpy_iterator())
+        saved = list(user_source.load_split(data, load_metadata(data), split).as_numpy_iterator())
         given = list(datasets(split).as_numpy_iterator())
         assert len(saved) == len(given) == {"train": 512, "test": 128}[split]
         assert all(a[1] == b[1] and (a[0]["b"] == b[0]["b"]).all() for a, b in zip(saved, given, strict=True))
@@ -200,7 +201,7 @@ def test_a_model_failing_its_gate_in_its_direction_is_held(regression):
 def test_a_metric_that_is_not_a_number_holds_the_model_and_stays_out_of_the_metrics_artifact():
     from trainer.evaluation.model_metrics import ModelEvaluation
     from trainer.evaluation.verdict import Verdict
-    from trainer.serving.check import ServingCheck
+    from trainer.serving.serving_check import ServingCheck
 
     diverged = ModelEvaluation({"loss": float("nan"), "mae": 0.1}, 128)
     check = ServingCheck(True, "passed: ...", "", (), 128, 1.0)
@@ -238,13 +239,13 @@ def test_a_model_whose_metric_is_named_like_the_steps_own_records_is_refused(tmp
 
 
 def test_the_serving_check_fails_a_saved_model_whose_answers_differ_from_the_keras_models(regression):
-    from trainer.data import functions
+    from trainer.data import user_source
     from trainer.data.tfrecords import load_metadata
-    from trainer.serving.check import run_outputs
+    from trainer.serving.serving_check import run_outputs
 
     base, verdict = regression
     data = str(base / "data")
-    features = next(iter(functions.load_split(data, load_metadata(data), "test").batch(8)))[0]
+    features = next(iter(user_source.load_split(data, load_metadata(data), "test").batch(8)))[0]
     features = {name: value.numpy() for name, value in features.items()}
     import tf_keras as keras
 
@@ -267,7 +268,7 @@ def test_a_published_model_is_replaced_only_by_a_better_one_in_the_gates_directi
     assert not worse.published and worse.reason.startswith(f"not published: mae {metrics['mae'] + 0.1:.4f} is above")
     better = steps.publish_model(str(base / "copy"), {**metrics, "mae": metrics["mae"] / 2}, uri, gate="mae<=0.2")
     assert better.published
-    from trainer.storage.publish import latest
+    from trainer.publishing.publish import latest
 
     assert latest(uri).lineage["model_fn"] == f"{REGRESSION}:model"
 
@@ -294,7 +295,7 @@ def test_trainer_evaluate_reports_a_model_fns_own_metrics(regression):
 
 
 def test_the_compiled_pipeline_takes_model_fn_and_the_gate_as_string_parameters(compiled_yaml):
-    from tests.conftest import pipeline_spec
+    from tests.support.pipelines import pipeline_spec
 
     spec = pipeline_spec(compiled_yaml["multi_worker_mirrored"])
     parameters = spec["root"]["inputDefinitions"]["parameters"]
@@ -315,14 +316,11 @@ def _training_process(index: int) -> int | None:
     return worker_process(index, lambda argv: argv[1:3] == [b"-m", b"trainer.training.task"])
 
 
-EPOCHS, GLOBAL_BATCH = "200", 128
-
-
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory):
     """The tabular example's module through our runner in one process: same data, epochs and global batch."""
     base = tmp_path_factory.mktemp("baseline")
-    env = _env({"PYTHONPATH": f"{EXAMPLE}{os.pathsep}{ROOT}"})
+    env = child_env({"PYTHONPATH": f"{EXAMPLE}{os.pathsep}{ROOT}"})
     source = ("--source", "fn:diagnosis:datasets", "--output", str(base / "data"))
     assert run_module("trainer.prepare", *source, env=env).returncode == 0
     train = run_module(
@@ -337,8 +335,7 @@ def baseline(tmp_path_factory):
 
 @pytest.mark.slow
 def test_the_example_module_on_two_workers_survives_a_killed_worker_and_reaches_its_baseline(baseline, tmp_path):
-    from tests.test_diagnosis_example import AUC_MARGIN
-    from trainer.storage.publish import latest
+    from trainer.publishing.publish import latest
 
     published = tmp_path / "published"
     run = Streamed(
@@ -347,7 +344,7 @@ def test_the_example_module_on_two_workers_survives_a_killed_worker_and_reaches_
             "--source", "fn:diagnosis:datasets", "--model-fn", "diagnosis:model", "--gate", "auc>=0.98",
             "--publish-uri", str(published), "--output-dir", str(tmp_path / "out"),
         ],
-        _env({"PYTHONPATH": f"{EXAMPLE}{os.pathsep}{ROOT}"}),
+        child_env({"PYTHONPATH": f"{EXAMPLE}{os.pathsep}{ROOT}"}),
     )  # fmt: skip
     code, _ = run.kill_once(r'"epoch": 2, ', lambda: _training_process(1))
     output = "\n".join(run.lines)

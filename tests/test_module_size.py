@@ -11,8 +11,9 @@ import logging
 
 import pytest
 
-from tests.conftest import run_module
+from tests.support.processes import run_module
 from trainer.config.contract import DataConfig, PublishConfig, TrainConfig
+from trainer.config.gate import Gate
 from trainer.core.errors import DeniedError, NoSpaceError, StoreUnavailableError, UsageError
 from trainer.core.memory import (
     DISK_FRACTION,
@@ -24,7 +25,6 @@ from trainer.core.memory import (
     memory_limit,
 )
 from trainer.core.user_errors import TransientError, judge
-from trainer.evaluation.gate import Gate
 
 SHAPES = "tests.user_code.shapes"
 GiB = 1 << 30
@@ -193,13 +193,13 @@ def tabular(tmp_path_factory):
 def test_an_open_spec_whose_examples_share_one_shape_is_read_back_with_that_shape(tabular):
     import tensorflow as tf
 
-    from trainer.data import functions
+    from trainer.data import user_source
 
     data, meta = tabular
-    features, label = functions.load_split(data, meta, "train").element_spec
+    features, label = user_source.load_split(data, meta, "train").element_spec
     assert features["visits"].shape == (4,) and features["age"].shape == () and features["ward"].dtype == tf.string
-    assert meta["splits"]["train"]["num_examples"] == 256 and meta["splits"]["test"]["num_examples"] == 64
-    assert functions.load_split(data, meta, "test").cardinality().numpy() == 64
+    assert meta.num_examples("train") == 256 and meta.num_examples("test") == 64
+    assert user_source.load_split(data, meta, "test").cardinality().numpy() == 64
 
 
 @pytest.fixture
@@ -216,7 +216,7 @@ def test_a_transient_error_of_the_function_is_retried_and_the_split_is_written_w
 ):
     import numpy as np
 
-    from trainer.data import functions, sources
+    from trainer.data import sources, user_source
 
     caplog.set_level(logging.WARNING, logger="trainer.core.user_errors")
     meta = sources.run(DataConfig(source=f"fn:{SHAPES}:{function}"), str(tmp_path / "data"))
@@ -234,9 +234,9 @@ def test_a_transient_error_of_the_function_is_retried_and_the_split_is_written_w
         )
     reference_dir, reference = tabular
     for split in ("train", "test"):
-        got = list(functions.load_split(str(tmp_path / "data"), meta, split).as_numpy_iterator())
-        want = list(functions.load_split(reference_dir, reference, split).as_numpy_iterator())
-        assert len(got) == len(want) == meta["splits"][split]["num_examples"]
+        got = list(user_source.load_split(str(tmp_path / "data"), meta, split).as_numpy_iterator())
+        want = list(user_source.load_split(reference_dir, reference, split).as_numpy_iterator())
+        assert len(got) == len(want) == meta.num_examples(split)
         assert all(
             np.array_equal(a[0]["visits"], b[0]["visits"]) and a[1] == b[1] for a, b in zip(got, want, strict=True)
         )
@@ -284,6 +284,7 @@ def test_a_gate_on_a_metric_the_model_does_not_report_is_refused_before_the_firs
     import tensorflow as tf
 
     from trainer.data.inputs import examples
+    from trainer.modeling.cnn import BuiltInCnn
     from trainer.training import setup
 
     data, meta = tabular
@@ -300,7 +301,7 @@ def test_a_gate_on_a_metric_the_model_does_not_report_is_refused_before_the_firs
     history = built.model.fit(examples(data, meta, "train").batch(32), epochs=1, verbose=0)
     assert set(history.history) == {"loss", "pr-auc", "accuracy"}, "training keeps the metrics built for the check"
     with pytest.raises(UsageError, match=r"^gate 'auc >= 0.9' names metric 'auc', which the built-in CNN does not"):
-        cnn = dataclasses.replace(prepared, model_fn=None)
+        cnn = dataclasses.replace(prepared, kind=BuiltInCnn())
         setup.build(config, cnn, strategy, None, 0.01, 8, 256, None, gate=Gate.of("auc>=0.9", 0))
 
 
@@ -317,8 +318,8 @@ def test_a_model_function_failing_once_on_a_transient_error_is_retried(calls, ta
 def test_a_model_function_whose_store_stays_down_ends_142(monkeypatch):
     import tensorflow as tf
 
+    from trainer.core import faults
     from trainer.modeling.user import build_user_model
-    from trainer.storage import faults
 
     monkeypatch.setattr(faults, "FIRST_DELAY", 0.01)
 

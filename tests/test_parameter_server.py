@@ -1,61 +1,16 @@
 """Parameter-server mode with real processes: chief + ps + workers, a killed worker, a killed chief."""
 
 import json
-import os
 import re
-import sys
 import time
 
 import pytest
 
-from tests.conftest import trainer_args
-from tests.test_faults import Streamed, _env
-from trainer.cluster.local import free_ports
-from trainer.cluster.tf_config import build_tf_config, make_cluster
+from tests.support.processes import trainer_args
+from tests.support.ps_cluster import kill_one
+from trainer.cluster.topology import build_tf_config, make_cluster
 from trainer.core.errors import EXIT_PEER_UNAVAILABLE, ChiefFailedError, PeerUnavailableError
 from trainer.training import parameter_server as ps
-
-
-def _processes_alive(pids):
-    alive = []
-    for pid in pids:
-        try:
-            os.kill(pid, 0)
-            alive.append(pid)
-        except ProcessLookupError:
-            pass
-    return alive
-
-
-def kill_one(sample_data, tmp_path, status_uri, env, victim=("chief", 0)):
-    """Starts a chief, ps 0 and workers 0 and 1 on free ports, kills `victim` after the chief's epoch 2.
-
-    Returns:
-        (processes by (job, index), exit codes of all but the victim, seconds from the kill to the last exit).
-    """
-    ports = free_ports(4)
-    spec = make_cluster(
-        [f"localhost:{ports[1]}", f"localhost:{ports[2]}"], chief=f"localhost:{ports[0]}", ps=[f"localhost:{ports[3]}"]
-    )
-    args = trainer_args(sample_data, tmp_path / "model", "--epochs", "30", "--strategy", "parameter_server")
-    args += ["--status-uri", status_uri, "--chief-timeout", "8", "--run-id", "ps-1"]
-    procs = {
-        (job, i): Streamed(
-            [sys.executable, "-m", "trainer.train", *args],
-            _env({**env, "TF_CONFIG": json.dumps(build_tf_config(spec, job, i))}),
-        )
-        for job, i in (("chief", 0), ("ps", 0), ("worker", 0), ("worker", 1))
-    }
-    try:
-        procs[("chief", 0)].wait_for(r"epoch 2:", 180)
-        procs[victim].proc.kill()
-        killed_at = time.monotonic()
-        codes = {key: p.finish(60) for key, p in procs.items() if key != victim}
-        elapsed = time.monotonic() - killed_at
-    finally:
-        for p in procs.values():
-            p.kill()
-    return procs, codes, elapsed
 
 
 @pytest.mark.slow

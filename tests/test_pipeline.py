@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import IMAGE, ROOT, pipeline_spec
+from tests.support.paths import ROOT
+from tests.support.pipelines import IMAGE, pipeline_spec, run_cli, run_script
 
 EXECUTORS = {
     "exec-prepare-data",
@@ -34,32 +35,10 @@ def _tasks(spec):
     return found
 
 
-def _cli(capsys, *args):
-    """`pipelines/mnist.py ARGS` in this process: (exit code, stdout, stderr)."""
-    from types import SimpleNamespace
-
-    from pipelines import cli
-
-    code = cli.main(list(args))
-    out = capsys.readouterr()
-    return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
-
-
-def _script(*args, timeout=600, env=None):
-    return subprocess.run(
-        [sys.executable, "pipelines/mnist.py", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
-
-
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     path = tmp_path_factory.mktemp("compiled") / "pipeline.yaml"
-    result = _script("--compile", "--output", str(path), "--image", IMAGE)
+    result = run_script("--compile", "--output", str(path), "--image", IMAGE)
     assert result.returncode == 0, result.stderr
     return path
 
@@ -157,7 +136,7 @@ def test_only_data_preparation_is_cached(spec):
 
 def test_data_that_changes_behind_its_source_can_be_prepared_again_in_every_run(capsys, tmp_path):
     out = tmp_path / "fresh.yaml"
-    result = _cli(capsys, "--compile", "--image", IMAGE, "--no-cache-data", "--output", str(out))
+    result = run_cli(capsys, "--compile", "--image", IMAGE, "--no-cache-data", "--output", str(out))
     assert result.returncode == 0, result.stderr
     tasks = _tasks(pipeline_spec(out))
     assert not tasks["prepare-data"]["cachingOptions"].get("enableCache")
@@ -199,7 +178,7 @@ def test_training_pods_know_who_they_are_and_what_they_may_use(spec, platform):
 
 
 def test_pod_sizing_comes_from_the_command_line(tmp_path, capsys):
-    result = _cli(
+    result = run_cli(
         capsys,
         "--compile",
         "--image",
@@ -286,7 +265,7 @@ def test_kfp_cli_compiles_the_file_with_the_image_from_the_environment(tmp_path)
 
 
 def test_an_image_without_a_registry_is_taken_with_a_warning(tmp_path, capsys):
-    result = _cli(capsys, "--compile", "--image", "kfp-tf-multiworker:0.1.0", "--output", str(tmp_path / "p.yaml"))
+    result = run_cli(capsys, "--compile", "--image", "kfp-tf-multiworker:0.1.0", "--output", str(tmp_path / "p.yaml"))
     assert result.returncode == 0, result.stderr
     assert (
         "image 'kfp-tf-multiworker:0.1.0' names no registry, so a cluster pulls it from "
@@ -295,7 +274,7 @@ def test_an_image_without_a_registry_is_taken_with_a_warning(tmp_path, capsys):
 
 
 def test_parameter_server_pipeline_has_its_own_name_chief_ps_and_worker_ops(tmp_path, capsys):
-    result = _cli(
+    result = run_cli(
         capsys, "--compile", "--strategy", "parameter_server", "--output", str(tmp_path / "ps.yaml"), "--image", IMAGE
     )
     assert result.returncode == 0, result.stderr
@@ -318,7 +297,7 @@ def test_parameter_server_pipeline_has_its_own_name_chief_ps_and_worker_ops(tmp_
 @pytest.mark.parametrize("strategy", ["multi_worker_mirrored", "parameter_server"])
 def test_every_pod_of_both_strategies_carries_the_istio_label_and_training_pods_their_name(tmp_path, capsys, strategy):
     path = tmp_path / f"{strategy}.yaml"
-    result = _cli(capsys, "--compile", "--strategy", strategy, "--output", str(path), "--image", IMAGE)
+    result = run_cli(capsys, "--compile", "--strategy", strategy, "--output", str(path), "--image", IMAGE)
     assert result.returncode == 0, result.stderr
     docs = list(yaml.safe_load_all(path.read_text()))
     executors = set(docs[0]["deploymentSpec"]["executors"])

@@ -1,27 +1,27 @@
-import json
 import os
 import time
 
 import numpy as np
 import pytest
 
-from tests.conftest import run_module
+from tests.support.processes import run_module
 from trainer.config.contract import DataConfig
 from trainer.core.errors import UsageError
 from trainer.data.idx import write_gz
 from trainer.data.sources import parse_source, run, sample_dir
 from trainer.data.tfrecords import load_metadata, read_arrays, verify_split
+from trainer.records.dataset import DatasetMetadata
 
 FASHION = "/usr/share/datasets/fashion-mnist"
 
 
 def test_sample_is_balanced_real_digits(sample_data):
     meta = load_metadata(sample_data)
-    assert meta["splits"]["train"]["num_examples"] == 4000
-    assert meta["splits"]["test"]["num_examples"] == 1000
-    assert meta["image_shape"] == [28, 28, 1] and meta["num_classes"] == 10
-    assert meta["class_names"] == [str(d) for d in range(10)]
-    assert [s["num_examples"] for s in meta["splits"]["train"]["shards"]] == [1000] * 4
+    assert meta.num_examples("train") == 4000
+    assert meta.num_examples("test") == 1000
+    assert meta.image_shape == (28, 28, 1) and meta.num_classes == 10
+    assert meta.class_names == tuple(str(d) for d in range(10))
+    assert [s.num_examples for s in meta.splits["train"].shards] == [1000] * 4
     images, labels, _ = read_arrays(sample_data, "train")
     assert np.bincount(labels).tolist() == [400] * 10
     assert images.dtype == np.uint8 and images.shape == (4000, 28, 28, 1)
@@ -43,10 +43,10 @@ def test_idx_source_with_slicing_and_class_names(tmp_path):
     meta = run(
         DataConfig(source=f"idx:{src}", num_shards=3, max_train_examples=11, class_names="a,b,c"), str(tmp_path / "out")
     )
-    assert meta["splits"]["train"]["num_examples"] == 11
-    assert [s["num_examples"] for s in meta["splits"]["train"]["shards"]] == [4, 4, 3]
-    assert meta["splits"]["test"]["num_examples"] == 10
-    assert meta["image_shape"] == [6, 5, 1] and meta["class_names"] == ["a", "b", "c"]
+    assert meta.num_examples("train") == 11
+    assert [s.num_examples for s in meta.splits["train"].shards] == [4, 4, 3]
+    assert meta.num_examples("test") == 10
+    assert meta.image_shape == (6, 5, 1) and meta.class_names == ("a", "b", "c")
     images, labels, _ = read_arrays(str(tmp_path / "out"), "train")
     assert sorted(labels.tolist()) == sorted((np.arange(11) % 3).tolist())
     assert sorted(os.listdir(tmp_path)) == ["idx", "out"]
@@ -76,7 +76,7 @@ def test_corrupted_shard_is_detected(tmp_path):
     out = tmp_path / "out"
     run(DataConfig(source=f"idx:{_tiny_idx(tmp_path / 'idx')}", num_shards=2), str(out))
     meta = load_metadata(str(out))
-    shard = out / meta["splits"]["train"]["shards"][1]["file"]
+    shard = out / meta.splits["train"].shards[1].file
     data = bytearray(shard.read_bytes())
     data[40] ^= 0xFF
     shard.write_bytes(bytes(data))
@@ -171,8 +171,8 @@ def test_tfds_source_reads_a_prepared_tfds_dataset(tmp_path):
     meta = run(
         DataConfig(source="tfds:shipped_digits", tfds_data_dir=data_dir, max_train_examples=30), str(tmp_path / "out")
     )
-    assert meta["splits"]["train"]["num_examples"] == 30 and meta["splits"]["test"]["num_examples"] == 50
-    assert meta["class_names"][3] == "digit3" and meta["image_shape"] == [28, 28, 1]
+    assert meta.num_examples("train") == 30 and meta.num_examples("test") == 50
+    assert meta.class_names[3] == "digit3" and meta.image_shape == (28, 28, 1)
     images, labels, _ = read_arrays(str(tmp_path / "out"), "test")
     expected, expected_labels = read_split(sample_dir(), "test")
     np.testing.assert_array_equal(np.sort(labels), np.sort(expected_labels[:50].astype(np.int64)))
@@ -198,8 +198,8 @@ def test_debian_fashion_mnist_idx_files_read_unchanged(tmp_path):
         "T-shirt/top,Trouser,Pullover,Dress,Coat,Sandal,Shirt,Sneaker,Bag,Ankle boot",
     )
     assert result.returncode == 0, result.stderr
-    meta = json.loads((tmp_path / "fashion" / "metadata.json").read_text())
-    assert meta["splits"]["train"]["num_examples"] == 3000 and meta["splits"]["test"]["num_examples"] == 500
-    assert meta["class_names"][9] == "Ankle boot" and meta["image_shape"] == [28, 28, 1]
+    meta = DatasetMetadata.read(str(tmp_path / "fashion"))
+    assert meta.num_examples("train") == 3000 and meta.num_examples("test") == 500
+    assert meta.class_names[9] == "Ankle boot" and meta.image_shape == (28, 28, 1)
     _, labels, _ = read_arrays(str(tmp_path / "fashion"), "train")
     assert set(labels.tolist()) == set(range(10))

@@ -13,11 +13,11 @@ import uuid
 
 import pytest
 
-from tests.conftest import write_history
 from tests.standins.s3 import BUCKET, FaultyProxy, S3Server
+from tests.support.records import write_history
+from trainer.core import faults
 from trainer.core.errors import StoreUnavailableError, UsageError
-from trainer.storage import faults
-from trainer.storage.publish import latest, publish
+from trainer.publishing.publish import latest, publish
 
 pytestmark = pytest.mark.slow  # each test starts a server or a fresh TensorFlow process
 
@@ -96,7 +96,7 @@ def _model_files(saved_model):
 def _one_version(backend, saved_model, version):
     """What a location holds after one publish: the version, its metrics, its claim and latest.json.
 
-    On a path also the lock file that serialises replacing latest.json (`trainer.storage.conditional`).
+    On a path also the lock file that serialises replacing latest.json (`trainer.publishing.conditional`).
     """
     lock = [".latest.json.lock"] if backend.kind == "path" else []
     files = [f"{version}/{f}" for f in [*_model_files(saved_model), "metrics.json"]]

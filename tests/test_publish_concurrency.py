@@ -1,6 +1,6 @@
 """Many runs publishing to one publish_uri at once: a path, moto's S3 server (IAM on) and a GCS JSON-API stand-in.
 
-Every publisher is the real `trainer.storage.publish.publish` in its own process (spawned, so nothing is shared but
+Every publisher is the real `trainer.publishing.publish.publish` in its own process (spawned, so nothing is shared but
 the store), started together behind a barrier and all given the same second as their clock, so that they claim
 the same version numbers and race on `latest.json`. The end state is checked from outside the code under test:
 `latest.json` names the best model by the gate's metric and the highest version; every version reported published
@@ -32,9 +32,9 @@ from werkzeug import Request, Response
 
 from tests.standins.s3 import BUCKET, FaultyProxy, S3Server
 from tests.standins.serving import serve
+from trainer.config.gate import Gate
 from trainer.core.files import json_bytes
-from trainer.evaluation.gate import Gate
-from trainer.storage.publish import SPREAD, STALE_CLAIM, latest, publish
+from trainer.publishing.publish import SPREAD, STALE_CLAIM, latest, publish
 
 SECOND = 1_900_000_000
 ACCURACIES = [0.81, 0.95, 0.88, 0.99, 0.84, 0.90, 0.86, 0.93]
@@ -413,7 +413,7 @@ BASE = SECOND * SPREAD  # the lowest number on a store that ignores conditions, 
 
 def test_a_store_that_ignores_conditional_writes_is_found_and_said(ignoring, models, caplog):
     view, proxy = ignoring
-    with caplog.at_level(logging.WARNING, logger="trainer.storage.conditional"):
+    with caplog.at_level(logging.WARNING, logger="trainer.publishing.conditional"):
         first = _publish(view, models["model-0"], 0.90, nonce=_parts(417))
         second = _publish(view, models["model-1"], 0.92, nonce=_parts(3))
     warnings = [r.getMessage() for r in caplog.records if "ignores conditional writes" in r.getMessage()]
@@ -462,7 +462,7 @@ def test_ignoring_store_a_number_that_holds_a_version_is_not_used(ignoring, mode
             outcome["b"] = _publish(view, models["model-1"], 0.90, nonce=_parts(1))
 
     proxy.before = before
-    with caplog.at_level(logging.WARNING, logger="trainer.storage.publish"):
+    with caplog.at_level(logging.WARNING, logger="trainer.publishing.publish"):
         a = _publish(view, models["model-0"], 0.95, nonce=_parts(1, 5))
     b = outcome["b"]
     results = [_outcome("model-0", 0.95, a), _outcome("model-1", 0.90, b)]
@@ -484,7 +484,7 @@ def test_ignoring_store_a_claim_taken_over_during_promotion_leaves_the_number(ig
             view.write(f".claims/{taken[0]}", other)
 
     proxy.before = before
-    with caplog.at_level(logging.WARNING, logger="trainer.storage.publish"):
+    with caplog.at_level(logging.WARNING, logger="trainer.publishing.publish"):
         a = _publish(view, models["model-0"], 0.95, nonce=_parts(7, 0))
     assert taken == [str(BASE + 7)]
     assert a.published and a.version == BASE + 8, "above the number left, drawing 0"
@@ -597,7 +597,7 @@ def test_versions_left_above_latest_by_stopped_runs_are_withdrawn_after_an_hour(
     _leave_version(view, SECOND + 7, young, 0.98, claimed_at=SECOND + 1)
     _leave_version(view, SECOND - 9, below, 0.97, claimed_at=SECOND - 9)
     now = SECOND + STALE_CLAIM
-    with caplog.at_level(logging.INFO, logger="trainer.storage.publish"):
+    with caplog.at_level(logging.INFO, logger="trainer.publishing.publish"):
         result = _publish(view, models["model-1"], 0.91, clock=lambda: now)
     assert result.published and result.version == now
     withdrawn = [r.getMessage() for r in caplog.records if r.getMessage().startswith("withdrew version")]
@@ -615,7 +615,7 @@ def test_versions_left_above_latest_by_stopped_runs_are_withdrawn_after_an_hour(
 
 def _publish_until_stopped(model_dir: str, uri: str, second: int) -> None:
     """A spawned publish step (run_step: the exit-code contract) with `second` as its clock."""
-    from trainer.cli import run_step
+    from trainer.core.entry import run_step
 
     run_step(
         publish,
@@ -685,7 +685,7 @@ def test_a_publish_stopped_between_promotion_and_latest_json_leaves_no_version_a
 
 
 class GcsStandIn:
-    """The calls gcsfs and `trainer.storage.conditional` make to GCS's JSON API, with generation preconditions.
+    """The calls gcsfs and `trainer.publishing.conditional` make to GCS's JSON API, with generation preconditions.
 
     Objects get a new generation on every write. `ifGenerationMatch=0` succeeds only when the object does not
     exist, `ifGenerationMatch=G` only when its generation is G; otherwise 412 conditionNotMet, as GCS answers.
@@ -846,10 +846,9 @@ def test_latest_json_replaced_under_every_try_ends_142_with_one_line_and_nothing
     tmp_path, models, monkeypatch, capsys
 ):
     """With one try allowed, another run's publish between A's read and A's replace is one too many for A."""
-    from trainer.cli import run_step
-    from trainer.storage import publish as publishing
+    from trainer.core.entry import run_step
 
-    monkeypatch.setattr(publishing, "ATTEMPTS", 1)
+    monkeypatch.setattr("trainer.publishing.publish.ATTEMPTS", 1)
     view = PathView(tmp_path)
     calls = []
 

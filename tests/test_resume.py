@@ -14,9 +14,10 @@ import time
 import pytest
 
 from trainer.cluster.control import Control, PeerState
-from trainer.cluster.local import free_ports
+from trainer.cluster.local_processes import free_ports
+from trainer.cluster.policy import CONTRACT
 from trainer.cluster.resume import MANIFEST, CheckpointHome, Manifest, agree, task_dir
-from trainer.cluster.supervisor import Supervisor
+from trainer.cluster.supervisor import SupervisedTask, Supervisor
 from trainer.core.errors import (
     EXIT_NO_SPACE,
     EXIT_PEER_UNAVAILABLE,
@@ -289,15 +290,14 @@ def test_peers_that_never_answer_end_the_task_once_instead_of_restarting_it(tmp_
     control = Control(ports[0], [f"localhost:{ports[1]}"], secret=SECRET)
     tf_config = {"cluster": {"worker": [f"localhost:{p}" for p in ports]}, "task": {"type": "worker", "index": 0}}
     marker = tmp_path / "started"
-    supervisor = Supervisor(
+    task = SupervisedTask(
         [sys.executable, "-c", f"open({str(marker)!r}, 'a').write('x')"],
         dict(os.environ),
         tf_config,
-        startup_timeout=1,
-        max_restarts=2,
-        control=control,
-        home=CheckpointHome(str(tmp_path / "home")),
+        1,
+        CONTRACT.limited(2),
     )
+    supervisor = Supervisor(task, control, CheckpointHome(str(tmp_path / "home")))
     try:
         assert supervisor.run() == EXIT_STARTUP_TIMEOUT
     finally:
@@ -321,14 +321,12 @@ def survivor(tmp_path):
     control.close()
 
 
-def _replacement(tmp_path, ports, home, command=("-c", "pass"), **settings):
+def _replacement(tmp_path, ports, home, command=("-c", "pass"), max_restarts=0, **settings):
     """Worker 1's supervisor (the replacement), whose peer is the survivor; returns it and its control channel."""
     control = Control(ports[1], [f"localhost:{ports[0]}"], home.epoch, home.send, secret=SECRET)
     tf_config = {"cluster": {"worker": [f"localhost:{p}" for p in ports[2:]]}, "task": {"type": "worker", "index": 1}}
-    settings = {"startup_timeout": 30, **settings}
-    supervisor = Supervisor(
-        [sys.executable, *command], dict(os.environ), tf_config, control=control, home=home, **settings
-    )
+    task = SupervisedTask([sys.executable, *command], dict(os.environ), tf_config, 30, CONTRACT.limited(max_restarts))
+    supervisor = Supervisor(task, control, home, **settings)
     return supervisor, control
 
 
@@ -500,7 +498,7 @@ def test_the_start_up_watchdog_waits_while_a_peer_receives_a_checkpoint(tmp_path
     own = Control(ports[0], [f"localhost:{ports[1]}"], secret=SECRET)
     tf_config = {"cluster": {"worker": [f"localhost:{p}" for p in ports[2:]]}, "task": {"type": "worker", "index": 0}}
     supervisor = Supervisor(
-        [sys.executable, "-c", "import time; time.sleep(3)"], dict(os.environ), tf_config, 1, control=own
+        SupervisedTask([sys.executable, "-c", "import time; time.sleep(3)"], dict(os.environ), tf_config, 1), own
     )
     caplog.set_level("INFO")
     try:

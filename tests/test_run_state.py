@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT, run_module, trainer_args
+from tests.support.paths import ROOT
+from tests.support.processes import run_module, trainer_args
 from trainer.cluster.resume import CheckpointHome, checkpoint_root, clean_leftovers, home_for
 from trainer.command.run import _checkpoint_dir
 from trainer.config.contract import RuntimeConfig, TrainConfig
@@ -130,9 +131,25 @@ def _epochs_logged(stderr: str) -> list[int]:
 
 
 @pytest.mark.slow
-def test_a_new_run_on_the_same_checkpoint_dir_starts_at_epoch_1_and_the_killed_run_resumes(sample_data, tmp_path):
+def test_runs_on_one_checkpoint_dir_keep_to_their_own_a_new_one_starts_at_epoch_1_and_a_killed_one_resumes(
+    sample_data, tmp_path
+):
+    """Three runs start at once on one checkpoint_dir: two finish their 3 epochs, the third is killed after its
+    epoch 3 and its checkpoint outlives the others' clean-ups. A new run then starts at epoch 1 beside it, and the
+    killed run, started again, resumes after epoch 3."""
     checkpoints = tmp_path / "checkpoints"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2", TF_NUM_INTRAOP_THREADS="1")
+    logs = {name: open(tmp_path / f"{name}.log", "w+") for name in ("trial-2", "trial-3")}
+    trials = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "trainer.train", *_train(sample_data, tmp_path / name, checkpoints, name, 3)],
+            cwd=ROOT,
+            env=env,
+            stderr=log,
+            text=True,
+        )
+        for name, log in logs.items()
+    }
     first = subprocess.Popen(
         [sys.executable, "-m", "trainer.train", *_train(sample_data, tmp_path / "first", checkpoints, "night-1")],
         cwd=ROOT,
@@ -148,6 +165,17 @@ def test_a_new_run_on_the_same_checkpoint_dir_starts_at_epoch_1_and_the_killed_r
             break
     first.wait(timeout=120)
     assert first.returncode == -signal.SIGKILL, "".join(seen)[-3000:]
+    for name, process in trials.items():
+        process.wait(timeout=600)
+        logs[name].seek(0)
+        stderr = logs[name].read()
+        logs[name].close()
+        assert process.returncode == 0, f"{name}: {stderr[-3000:]}"
+        assert _epochs_logged(stderr) == [1, 2, 3], f"{name}: {stderr[-3000:]}"
+        assert "resuming" not in stderr
+        history = json.loads((tmp_path / name / "history.json").read_text())
+        assert history["run_id"] == name and len(history["epochs"]) == 3
+    assert sorted(p.name for p in checkpoints.iterdir()) == [run_key("night-1")], "the finished runs' homes went"
     assert json.loads((checkpoints / run_key("night-1") / "worker-0" / "resume.json").read_text())["epoch"] == 3
 
     second = run_module("trainer.train", *_train(sample_data, tmp_path / "second", checkpoints, "night-2"))
@@ -157,34 +185,10 @@ def test_a_new_run_on_the_same_checkpoint_dir_starts_at_epoch_1_and_the_killed_r
     assert f"kept {checkpoints}/{run_key('night-1')}: another run's checkpoints" in second.stderr
     history = json.loads((tmp_path / "second" / "history.json").read_text())
     assert [e["epoch"] for e in history["epochs"]] == [1, 2, 3, 4, 5] and history["run_id"] == "night-2"
-    assert sorted(p.name for p in checkpoints.iterdir()) == [run_key("night-1")], "night-2's home went on success"
+    assert sorted(p.name for p in checkpoints.iterdir()) == [run_key("night-1")], "the others' homes went on success"
 
     again = run_module("trainer.train", *_train(sample_data, tmp_path / "first", checkpoints, "night-1"))
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming from the checkpoint: epochs 1-3 are done, continuing with epoch 4" in again.stderr
     assert _epochs_logged(again.stderr) == [4, 5], again.stderr[-3000:]
     assert list(checkpoints.iterdir()) == []
-
-
-@pytest.mark.slow
-def test_three_concurrent_runs_on_one_checkpoint_dir_all_finish(sample_data, tmp_path):
-    checkpoints = tmp_path / "checkpoints"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2", TF_NUM_INTRAOP_THREADS="1")
-    runs = {
-        name: subprocess.Popen(
-            [sys.executable, "-m", "trainer.train", *_train(sample_data, tmp_path / name, checkpoints, name, 3)],
-            cwd=ROOT,
-            env=env,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for name in ("trial-1", "trial-2", "trial-3")
-    }
-    for name, process in runs.items():
-        _, stderr = process.communicate(timeout=600)
-        assert process.returncode == 0, f"{name}: {stderr[-3000:]}"
-        assert _epochs_logged(stderr) == [1, 2, 3], f"{name}: {stderr[-3000:]}"
-        assert "resuming" not in stderr
-        history = json.loads((tmp_path / name / "history.json").read_text())
-        assert history["run_id"] == name and len(history["epochs"]) == 3
-    assert not checkpoints.exists() or list(checkpoints.iterdir()) == []

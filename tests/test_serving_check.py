@@ -11,17 +11,17 @@ import pytest
 from kfp.dsl import HTML, ClassificationMetrics, Dataset, Metrics, Model
 
 import components
-from pipelines.local import publish_summary
+from pipelines.local_run import publish_summary
+from trainer.config.gate import Gate
 from trainer.data.tfrecords import read_arrays
-from trainer.evaluation import metrics as evaluate
-from trainer.evaluation.gate import Gate
+from trainer.evaluation import metrics
 from trainer.evaluation.metrics import compute_metrics
 from trainer.evaluation.verdict import Verdict
-from trainer.modeling.cnn import build_model, serving_function
+from trainer.modeling.cnn import BuiltInCnn, build_model, serving_function
 from trainer.modeling.export import save_model
-from trainer.serving import check as serving_check
-from trainer.serving.check import Check, ServingCheck
-from trainer.training.history import History
+from trainer.records.history import History
+from trainer.serving import serving_check
+from trainer.serving.serving_check import Check, ServingCheck
 
 SHAPE = (28, 28, 1)
 ROWS = 64
@@ -49,7 +49,7 @@ def _model(seed=1):
 
 
 def _export(directory, model=None):
-    save_model(model or _model(), SHAPE, str(directory), HISTORY)
+    save_model(model or _model(), BuiltInCnn(), str(directory), HISTORY)
     return directory / "saved_model"
 
 
@@ -72,9 +72,8 @@ def _failed(result, check):
     return failed[0].detail
 
 
-@pytest.mark.slow  # a SavedModel served in a fresh process
 def test_a_model_the_trainer_exported_passes_every_check(exported, held_out):
-    result = serving_check.run(str(exported), held_out, evaluate.predict(str(exported), held_out))
+    result = serving_check.run(str(exported), held_out, metrics.predict(str(exported), held_out))
     assert result.passed, result.checks
     assert [c.name for c in result.checks] == [
         "loads",
@@ -89,28 +88,25 @@ def test_a_model_the_trainer_exported_passes_every_check(exported, held_out):
     assert result.summary.startswith(f"passed: {ROWS} held-out uint8 images as TF Serving REST instances")
 
 
-@pytest.mark.slow  # a SavedModel served in a fresh process
 def test_predictions_that_differ_from_the_evaluation_fail(exported, held_out):
     other = _export(exported.parent.parent / "other", _model(seed=2))
     detail = _failed(
-        serving_check.run(str(exported), held_out, evaluate.predict(str(other), held_out)), "agrees with the evaluation"
+        serving_check.run(str(exported), held_out, metrics.predict(str(other), held_out)), "agrees with the evaluation"
     )
     assert "largest probability difference" in detail
 
 
-@pytest.mark.slow  # a SavedModel served in a fresh process
 def test_nan_outputs_fail_the_probability_check(tmp_path, held_out):
     model = _model()
     dense = model.get_layer("probabilities")
     dense.set_weights([np.full_like(w, np.nan) for w in dense.get_weights()])
     path = _export(tmp_path / "nan", model)
     detail = _failed(
-        serving_check.run(str(path), held_out, evaluate.predict(str(path), held_out)), "probabilities sum to 1"
+        serving_check.run(str(path), held_out, metrics.predict(str(path), held_out)), "probabilities sum to 1"
     )
     assert detail.startswith(f"{ROWS} of {ROWS} rows are not (non-finite: {ROWS})")
 
 
-@pytest.mark.slow  # a SavedModel served in a fresh process
 def test_a_model_without_serving_default_fails_with_the_signatures_it_has(tmp_path, held_out):
     import tensorflow as tf
 
@@ -121,7 +117,6 @@ def test_a_model_without_serving_default_fails_with_the_signatures_it_has(tmp_pa
     assert detail == "no serving_default signature; the model has ['predict']"
 
 
-@pytest.mark.slow  # a SavedModel served in a fresh process
 def test_a_signature_on_float_images_is_not_the_serving_contract(tmp_path, held_out):
     import tensorflow as tf
 
@@ -137,7 +132,6 @@ def test_a_signature_on_float_images_is_not_the_serving_contract(tmp_path, held_
     assert detail == "input images is DT_FLOAT [-1, 28, 28], not raw DT_UINT8 images [-1, 28, 28]"
 
 
-@pytest.mark.slow  # a SavedModel served in a fresh process
 def test_a_model_that_does_not_load_fails_with_the_loaders_error(exported, tmp_path, held_out):
     import shutil
 

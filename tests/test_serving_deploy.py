@@ -15,12 +15,12 @@ import yaml
 from kubernetes import client
 
 from tests import kserve_schema
-from tests.conftest import ROOT
 from tests.standins.kube import Call, KubeStandIn
+from tests.support.paths import ROOT
 from trainer import steps
-from trainer.cli import run_step
+from trainer.core.entry import run_step
 from trainer.core.errors import KubernetesError, UsageError
-from trainer.k8s import objects as k8s
+from trainer.k8s import objects
 from trainer.serving import kserve
 
 NS = "kubeflow-user-example-com"
@@ -95,7 +95,7 @@ def cluster(httpserver, monkeypatch):
     def make(outcome="ready", role=None, delay=0.4):
         standin = KubeStandIn(role=role)
         standin.install(httpserver)
-        api = client.CustomObjectsApi(k8s.core_api(host=httpserver.url_for("").rstrip("/")).api_client)
+        api = client.CustomObjectsApi(objects.core_api(host=httpserver.url_for("").rstrip("/")).api_client)
         controller = Controller(standin, outcome, delay)
         controller.start()
         started.append(controller)
@@ -137,8 +137,19 @@ def test_the_body_is_checked_against_kserves_types_and_the_check_can_fail():
 def test_create_waits_until_ready_and_reports_the_url(cluster):
     standin, api = cluster("ready")
     result = _deploy(api)
-    assert result["deployed"] and result["created"] and result["url"] == URL
-    assert result["predict_url"] == f"{URL}/v1/models/{NAME}:predict" and result["revision"] == _revision(1)
+    assert result == kserve.Deployment(
+        deployed=True,
+        reason=f"InferenceService {NAME} serves version 1796222222 at {URL}",
+        name=NAME,
+        namespace=NS,
+        url=URL,
+        predict_url=f"{URL}/v1/models/{NAME}:predict",
+        version=1796222222,
+        created=True,
+        generation=1,
+        revision=_revision(1),
+        service_account="",
+    )
     stored = standin.get(RESOURCE, NS, NAME)
     assert kserve_schema.inference_service_problems(stored) == []
     model = stored["spec"]["predictor"]["model"]
@@ -159,7 +170,7 @@ def test_patch_owns_its_fields_and_ignores_the_previous_generations_ready(cluste
     started = time.monotonic()
     result = _deploy(api)
     assert time.monotonic() - started >= 1.0, "Ready of generation 1 described the old revision"
-    assert not result["created"] and result["generation"] == 2 and result["revision"] == _revision(2)
+    assert not result.created and result.generation == 2 and result.revision == _revision(2)
     stored = standin.get(RESOURCE, NS, NAME)
     assert kserve_schema.inference_service_problems(stored) == []
     predictor = stored["spec"]["predictor"]
@@ -168,7 +179,7 @@ def test_patch_owns_its_fields_and_ignores_the_previous_generations_ready(cluste
     assert predictor["annotations"][kserve.MODEL_VERSION_ANNOTATION] == "1796222222"
     assert [c.verb for c in standin.calls[:2]] == ["get", "patch"]
     again = _deploy(api)
-    assert again["generation"] == 2, "the same version again changes nothing, so no new revision"
+    assert again.generation == 2, "the same version again changes nothing, so no new revision"
 
 
 def test_a_failed_rollout_keeps_the_old_revision_serving_and_fails_the_step_with_kserves_reason(cluster, capsys):
@@ -229,13 +240,14 @@ def test_a_publish_location_kserve_cannot_read_is_refused(cluster):
     standin, api = cluster()
     with pytest.raises(UsageError, match=r"publish_uri '/tmp/published' is not a location KServe's storage"):
         steps.deploy_model("/tmp/published", NAME, 60, "2.20.0", 1, "/tmp/published/1", api=api)
-    assert steps.deploy_model(PUBLISH_URI, "", 60, "2.20.0", 1, "", api=api)["deployed"] is False
+    skipped = steps.deploy_model(PUBLISH_URI, "", 60, "2.20.0", 1, "", api=api)
+    assert skipped == kserve.Deployment(False, "not deployed: serving_name is empty")
     assert standin.calls == []
 
 
 def test_an_s3_location_gives_the_storage_initializer_the_steps_keys_and_the_endpoint(cluster, monkeypatch):
     """KFP's SeaweedFS: a KServe-style Secret (s3-* annotations) on the predictor's service account, owned by it."""
-    from tests.test_k8s import K8S_VERSION
+    from tests.support.kubernetes import K8S_VERSION
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "ns-key")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "ns-secret")
@@ -252,7 +264,7 @@ def test_an_s3_location_gives_the_storage_initializer_the_steps_keys_and_the_end
         api=api,
         poll=0.1,
     )
-    assert result["deployed"] and result["service_account"] == f"{NAME}-storage"
+    assert result.deployed and result.service_account == f"{NAME}-storage"
     stored = standin.get(RESOURCE, NS, NAME)
     assert kserve_schema.inference_service_problems(stored) == []
     predictor = stored["spec"]["predictor"]
@@ -296,7 +308,7 @@ def test_an_s3_location_gives_the_storage_initializer_the_steps_keys_and_the_end
         api=api,
         poll=0.1,
     )
-    assert again["deployed"] and standin.get("secrets", NS, f"{NAME}-storage")["data"] == secret["data"]
+    assert again.deployed and standin.get("secrets", NS, f"{NAME}-storage")["data"] == secret["data"]
 
 
 def test_without_both_keys_the_predictor_keeps_its_own_service_account(cluster, monkeypatch):
@@ -304,7 +316,7 @@ def test_without_both_keys_the_predictor_keeps_its_own_service_account(cluster, 
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
     standin, api = cluster("ready")
     result = steps.deploy_model("s3://models/m", NAME, 20, "2.20.0", 7, "s3://models/m/7", api=api, poll=0.1)
-    assert result["deployed"] and result["service_account"] == ""
+    assert result.deployed and result.service_account == ""
     assert "serviceAccountName" not in standin.get(RESOURCE, NS, NAME)["spec"]["predictor"]
     assert standin.get("secrets", NS, f"{NAME}-storage") is None, "an AWS role (IRSA) or the default account's"
 
@@ -340,3 +352,37 @@ def test_the_rbac_roles_grant_exactly_what_the_deploy_step_calls(cluster, path, 
         if (f"{r}.{g}" if g else r) in deploy_resources
     }
     assert used == granted, path.name
+
+
+def test_the_component_writes_the_deployment_record_to_its_outputs(cluster, httpserver, tmp_path, monkeypatch):
+    """The deploy_model component body (no KFP runner): the API through KUBECONFIG, as in a pod, on the stand-in."""
+    from kfp.dsl import Markdown
+
+    import components
+    from tests.standins.kube import write_kubeconfig
+
+    cluster("ready", delay=0.1)
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", httpserver.url_for("").rstrip("/"), NS)
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setattr(kserve, "POLL_SECONDS", 0.1)
+    decision = Markdown(uri=str(tmp_path / "decision.md"))
+    decision.metadata.update(latest_version=7, latest_path=f"{PUBLISH_URI}/7")
+    deployment = Markdown(uri=str(tmp_path / "deploy" / "deployment.md"))
+    body = components.build("registry.example.com/team/kfp-tf-multiworker:9.9.9").deploy_model.python_func
+    url = body(
+        decision=decision,
+        deployment=deployment,
+        publish_uri=PUBLISH_URI,
+        serving_name=NAME,
+        serving_timeout=20.0,
+        serving_runtime_version="2.20.0",
+        storage="",
+        s3_endpoint="",
+    )
+    assert url == URL
+    assert deployment.metadata == {"name": NAME, "namespace": NS, "url": URL, "version": 7, "revision": _revision(1)}
+    assert (tmp_path / "deploy" / "deployment.md").read_text() == (
+        f"# Deploy\n\nInferenceService {NAME} serves version 7 at {URL}.\n\n"
+        f'Predict: `POST {URL}/v1/models/{NAME}:predict` with `{{"instances": [...]}}` (raw uint8 images).\n'
+    )

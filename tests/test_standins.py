@@ -15,11 +15,11 @@ from kubernetes.config.incluster_config import InClusterConfigLoader
 from tests.standins.dns import DnsServer, query
 from tests.standins.incluster import make_incluster
 from tests.standins.kube import Call, KubeStandIn
-from trainer.k8s import objects as k8s
+from trainer.k8s import objects
 
 RUN_ID = "0b6f5a3e-8c1d-4c53-9b8e-2f1e4d5c6a7b"
 NS = "team-a"
-SVC0, SVC1 = k8s.service_name(RUN_ID, 0), k8s.service_name(RUN_ID, 1)
+SVC0, SVC1 = objects.service_name(RUN_ID, 0), objects.service_name(RUN_ID, 1)
 UNSCHEDULABLE = "0/3 nodes are available: 3 Insufficient cpu."
 
 
@@ -74,22 +74,22 @@ def test_incluster_files_configure_the_client_for_https_with_the_token(files, cl
 
 def test_incluster_client_creates_patches_lists_and_deletes(cluster, core):
     for index in range(2):
-        created = core.create_namespaced_service(NS, k8s.service_manifest(RUN_ID, index))
+        created = core.create_namespaced_service(NS, objects.service_manifest(RUN_ID, index))
         assert created.metadata.uid and created.metadata.resource_version and created.metadata.creation_timestamp
     with pytest.raises(ApiException) as err:
-        core.create_namespaced_service(NS, k8s.service_manifest(RUN_ID, 0))
+        core.create_namespaced_service(NS, objects.service_manifest(RUN_ID, 0))
     assert _error(err) == (409, "AlreadyExists", f'services "{SVC0}" already exists')
 
-    pod = core.patch_namespaced_pod("worker-0", NS, {"metadata": {"labels": k8s.pod_labels(RUN_ID, 0)}})
+    pod = core.patch_namespaced_pod("worker-0", NS, {"metadata": {"labels": objects.pod_labels(RUN_ID, 0)}})
     assert (pod.status.pod_ip, pod.status.phase) == ("127.0.0.1", "Running"), "the IP is learned from the caller"
-    assert core.read_namespaced_pod("worker-0", NS).metadata.labels == k8s.pod_labels(RUN_ID, 0)
+    assert core.read_namespaced_pod("worker-0", NS).metadata.labels == objects.pod_labels(RUN_ID, 0)
 
     def names(**selectors) -> list[str]:
         return [s.metadata.name for s in core.list_namespaced_service(NS, **selectors).items]
 
-    assert names(label_selector=k8s.selector(RUN_ID)) == [SVC0, SVC1]
-    assert names(label_selector=f"{k8s.INDEX_LABEL} in (1,7)") == [SVC1]
-    assert names(label_selector=f"{k8s.INDEX_LABEL}!=1,app.kubernetes.io/name") == [SVC0]
+    assert names(label_selector=objects.selector(RUN_ID)) == [SVC0, SVC1]
+    assert names(label_selector=f"{objects.INDEX_LABEL} in (1,7)") == [SVC1]
+    assert names(label_selector=f"{objects.INDEX_LABEL}!=1,app.kubernetes.io/name") == [SVC0]
     assert names(field_selector=f"metadata.name={SVC1}") == [SVC1]
     assert names(label_selector="app.kubernetes.io/name=other") == []
 
@@ -146,11 +146,11 @@ def test_dns_follows_service_selectors_and_pod_labels(cluster, core):
     def ask(name: str, qtype: str = "A", tcp: bool = False):
         return query(name, "127.0.0.1", cluster.dns.port, qtype, tcp=tcp)
 
-    core.create_namespaced_service(NS, k8s.service_manifest(RUN_ID, 0))
+    core.create_namespaced_service(NS, objects.service_manifest(RUN_ID, 0))
     core.patch_namespaced_pod("worker-0", NS, {"metadata": {"labels": {"app": "not-yet"}}})
     assert ask(fqdn).header.rcode == RCODE.NXDOMAIN, "the Service selects no pod yet"
 
-    core.patch_namespaced_pod("worker-0", NS, {"metadata": {"labels": k8s.pod_labels(RUN_ID, 0)}})
+    core.patch_namespaced_pod("worker-0", NS, {"metadata": {"labels": objects.pod_labels(RUN_ID, 0)}})
     reply = ask(fqdn)
     assert (reply.header.rcode, _ips(reply), reply.rr[0].ttl) == (RCODE.NOERROR, ["127.0.0.1"], 5)
     assert _ips(ask(fqdn.upper() + ".", tcp=True)) == ["127.0.0.1"], "TCP; case and trailing dot do not matter"
@@ -159,7 +159,7 @@ def test_dns_follows_service_selectors_and_pod_labels(cluster, core):
     assert ask(f"{SVC0}.{NS}.svc").header.rcode == RCODE.NXDOMAIN, "search paths are the client's job"
     assert ask("pypi.org").header.rcode == RCODE.NXDOMAIN, "never forwards"
 
-    cluster.standin.add_pod(NS, "replacement", labels=k8s.pod_labels(RUN_ID, 0), ip="127.0.0.3")
+    cluster.standin.add_pod(NS, "replacement", labels=objects.pod_labels(RUN_ID, 0), ip="127.0.0.3")
     assert _ips(ask(fqdn)) == ["127.0.0.1", "127.0.0.3"]
     cluster.standin.set_status("pods", NS, "worker-0", {"phase": "Failed"})
     assert _ips(ask(fqdn)) == ["127.0.0.3"], "a pod that has ended leaves its Service's endpoints"
@@ -173,7 +173,7 @@ def test_pods_in_any_state_their_events_and_readiness(cluster, core):
     standin.add_pod(
         NS,
         "worker-1",
-        labels=k8s.pod_labels(RUN_ID, 1),
+        labels=objects.pod_labels(RUN_ID, 1),
         phase="Pending",
         conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": UNSCHEDULABLE}],
     )
@@ -184,7 +184,7 @@ def test_pods_in_any_state_their_events_and_readiness(cluster, core):
     assert (pod.status.conditions[0].reason, pod.status.conditions[0].message) == ("Unschedulable", UNSCHEDULABLE)
     events = core.list_namespaced_event(NS, field_selector="involvedObject.name=worker-1").items
     assert [(e.reason, e.message, e.type) for e in events] == [("FailedScheduling", UNSCHEDULABLE, "Warning")]
-    core.create_namespaced_service(NS, k8s.service_manifest(RUN_ID, 1))
+    core.create_namespaced_service(NS, objects.service_manifest(RUN_ID, 1))
     assert standin.dns_records() == {}, "a pending pod has no IP"
 
     standin.add_pod(NS, "not-ready", labels={"app": "x"}, ip="127.0.0.2", ready=False)
@@ -214,8 +214,8 @@ def test_patch_kinds_replace_conflicts_and_deletecollection(files, cluster, core
         core.patch_namespaced_pod("p", NS, [{"op": "test", "path": "/metadata/labels/a", "value": "9"}])
     assert err.value.status == 422
 
-    created = core.create_namespaced_service(NS, k8s.service_manifest(RUN_ID, 0))
-    body = {**k8s.service_manifest(RUN_ID, 0)}
+    created = core.create_namespaced_service(NS, objects.service_manifest(RUN_ID, 0))
+    body = {**objects.service_manifest(RUN_ID, 0)}
     body["metadata"] = {**body["metadata"], "resourceVersion": created.metadata.resource_version}
     replaced = core.replace_namespaced_service(SVC0, NS, body)
     assert replaced.metadata.uid == created.metadata.uid
@@ -224,9 +224,9 @@ def test_patch_kinds_replace_conflicts_and_deletecollection(files, cluster, core
         core.replace_namespaced_service(SVC0, NS, body)
     assert err.value.status == 409 and _error(err)[1] == "Conflict"
 
-    core.create_namespaced_service(NS, k8s.service_manifest("other-run", 0))
-    core.delete_collection_namespaced_service(NS, label_selector=k8s.selector(RUN_ID))
-    assert list(cluster.standin.items("services")) == [(NS, k8s.service_name("other-run", 0))]
+    core.create_namespaced_service(NS, objects.service_manifest("other-run", 0))
+    core.delete_collection_namespaced_service(NS, label_selector=objects.selector(RUN_ID))
+    assert list(cluster.standin.items("services")) == [(NS, objects.service_name("other-run", 0))]
     with pytest.raises(ApiException) as err:
         core.list_namespaced_service(NS, label_selector="a in (x")
     assert err.value.status == 400
@@ -268,7 +268,7 @@ def test_custom_objects_round_trip_and_own_other_objects(files, cluster, core):
         "uid": created["metadata"]["uid"],
         "controller": True,
     }
-    service = {**k8s.service_manifest(RUN_ID, 0)}
+    service = {**objects.service_manifest(RUN_ID, 0)}
     service["metadata"] = {**service["metadata"], "ownerReferences": [owner]}
     assert core.create_namespaced_service(NS, service).metadata.owner_references[0].uid == owner["uid"]
     custom.delete_namespaced_custom_object(*where, "run-1")

@@ -12,12 +12,12 @@ import sys
 import pytest
 from kubernetes import client
 
-from tests.conftest import ROOT
 from tests.standins import netns
 from tests.standins.cluster import StandInCluster, resolv_conf
 from tests.standins.dns import DnsServer
 from tests.standins.kube import Call, KubeStandIn
-from trainer.k8s import objects as k8s
+from tests.support.paths import ROOT
+from trainer.k8s import objects
 
 REASON = netns.unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"network-namespace pods: {REASON}")
@@ -33,7 +33,7 @@ for name in sys.argv[1:]:
 print(json.dumps(out))
 """
 JOIN = """import json, sys
-from trainer.k8s import discovery
+from trainer.cluster import discovery
 addresses = json.loads(sys.argv[1])
 discovery.join_cluster({"worker": addresses}, "worker", 0, sys.argv[2], timeout=20, unschedulable_timeout=20)
 """
@@ -76,9 +76,9 @@ def test_a_pod_labels_itself_over_https_and_resolves_its_peers(pod, tmp_path):
     with StandInCluster.start(tmp_path, pod.host_ip, namespace="default", dns_port=53) as cluster:
         standin = cluster.api
         core = client.CoreV1Api(client.ApiClient(cluster.files.configuration(cluster.https.port)))
-        addresses = k8s.task_addresses(RUN_ID, 2, "default")
-        k8s.ensure_service(core, "default", RUN_ID, 1, 2222, None)
-        standin.add_pod("default", "train-worker-1", labels=k8s.pod_labels(RUN_ID, 1), ip=pod.host_ip)
+        addresses = objects.task_addresses(RUN_ID, 2, "default")
+        objects.ensure_service(core, "default", RUN_ID, 1, 2222, None)
+        standin.add_pod("default", "train-worker-1", labels=objects.pod_labels(RUN_ID, 1), ip=pod.host_ip)
         env = _pod_env(**cluster.pod_env("train-worker-0"), POD_IP=pod.pod_ip)
         joined = pod.run(
             [sys.executable, "-c", JOIN, json.dumps(addresses), RUN_ID],

@@ -5,18 +5,18 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tests.conftest import ROOT
 from tests.standins.cluster import StandInCluster
 from tests.standins.dns import query
 from tests.standins.incluster import SERVICEACCOUNT_MOUNT
 from tests.standins.kube import Call, KubeStandIn
 from tests.standins.objects import label_matcher
+from tests.support.paths import ROOT
 from trainer.core.errors import KubernetesError
-from trainer.k8s import objects as k8s
+from trainer.k8s import objects
 
 RUN_ID = "0b6f5a3e-8c1d-4c53-9b8e-2f1e4d5c6a7b"
 NS = "team-a"
-SVC0, SVC1 = k8s.service_name(RUN_ID, 0), k8s.service_name(RUN_ID, 1)
+SVC0, SVC1 = objects.service_name(RUN_ID, 0), objects.service_name(RUN_ID, 1)
 UNSCHEDULABLE = "0/3 nodes are available: 3 Insufficient cpu."
 
 
@@ -29,18 +29,18 @@ def plain(httpserver):
     """The API stand-in under pytest-httpserver (plain HTTP), and the project's own client for it."""
     standin = KubeStandIn(token="t0k3n")
     standin.install(httpserver)
-    return standin, k8s.core_api(host=httpserver.url_for("").rstrip("/"), token="t0k3n")
+    return standin, objects.core_api(host=httpserver.url_for("").rstrip("/"), token="t0k3n")
 
 
 def test_project_code_over_plain_http_makes_and_removes_dns_names(plain):
     standin, api = plain
-    addresses = k8s.task_addresses(RUN_ID, 2, NS)
+    addresses = objects.task_addresses(RUN_ID, 2, NS)
     for index in range(2):
-        k8s.ensure_service(api, NS, RUN_ID, index, 2222, None)
-        k8s.label_own_pod(api, NS, f"train-worker-{index}", RUN_ID, index)
+        objects.ensure_service(api, NS, RUN_ID, index, 2222, None)
+        objects.label_own_pod(api, NS, f"train-worker-{index}", RUN_ID, index)
     assert standin.dns_records() == {f"{a.split(':')[0]}.cluster.local": ["127.0.0.1"] for a in addresses}
     for index in range(2):
-        assert k8s.delete_service(api, NS, RUN_ID, index)
+        assert objects.delete_service(api, NS, RUN_ID, index)
     assert standin.dns_records() == {}
     assert standin.calls == [
         call
@@ -54,16 +54,16 @@ def test_the_shipped_role_is_enforced_and_is_enough(httpserver, path):
     role = next(d for d in yaml.safe_load_all(path.read_text()) if d["kind"] == "Role")
     standin = KubeStandIn(role=role)
     standin.install(httpserver)
-    api = k8s.core_api(host=httpserver.url_for("").rstrip("/"))
-    k8s.label_own_pod(api, NS, "train-worker-0", RUN_ID, 0)
-    k8s.ensure_service(api, NS, RUN_ID, 0, 2222, k8s.workflow_owner(api, NS, "train-worker-0"))
-    assert k8s.delete_service(api, NS, RUN_ID, 0)
+    api = objects.core_api(host=httpserver.url_for("").rstrip("/"))
+    objects.label_own_pod(api, NS, "train-worker-0", RUN_ID, 0)
+    objects.ensure_service(api, NS, RUN_ID, 0, 2222, objects.workflow_owner(api, NS, "train-worker-0"))
+    assert objects.delete_service(api, NS, RUN_ID, 0)
     with pytest.raises(ApiException) as err:
         api.delete_namespaced_pod("train-worker-0", NS)
     assert err.value.status == 403
     standin.role = {"rules": [r for r in role["rules"] if "pods" not in r["resources"]]}
     with pytest.raises(KubernetesError, match="may not patch pods"):
-        k8s.label_own_pod(api, NS, "train-worker-0", RUN_ID, 0)
+        objects.label_own_pod(api, NS, "train-worker-0", RUN_ID, 0)
 
 
 @pytest.mark.parametrize(
@@ -85,8 +85,8 @@ def test_label_selectors(selector, labels, matches):
 def test_the_whole_stand_in_cluster_and_what_a_pod_gets(tmp_path):
     with StandInCluster.start(tmp_path, "127.0.0.1", namespace=NS, dns_port=0) as cluster:
         core = client.CoreV1Api(client.ApiClient(cluster.files.configuration(cluster.https.port)))
-        core.create_namespaced_service(NS, k8s.service_manifest(RUN_ID, 0))
-        core.patch_namespaced_pod("train-worker-0", NS, {"metadata": {"labels": k8s.pod_labels(RUN_ID, 0)}})
+        core.create_namespaced_service(NS, objects.service_manifest(RUN_ID, 0))
+        core.patch_namespaced_pod("train-worker-0", NS, {"metadata": {"labels": objects.pod_labels(RUN_ID, 0)}})
         assert _ips(query(f"{SVC0}.{NS}.svc.cluster.local", "127.0.0.1", cluster.dns.port)) == ["127.0.0.1"]
         env = cluster.pod_env("train-worker-0")
         args = cluster.docker_args("train-worker-0")

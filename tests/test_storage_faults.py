@@ -1,4 +1,4 @@
-"""Storage faults named for what they are (`trainer.storage.faults`), each injected for real.
+"""Storage faults named for what they are (`trainer.core.faults`), each injected for real.
 
 A full disk is a small tmpfs mounted for the test (we run as root, as CI does; without root the fixture fails, it
 does not skip); a read-only one is a tmpfs remounted read-only (EROFS) or a directory made immutable (`chattr +i`:
@@ -32,7 +32,8 @@ from werkzeug import Request, Response
 
 from tests.standins.s3 import BUCKET, FaultyProxy, S3Server
 from tests.standins.serving import serve
-from trainer.cli import run_step
+from trainer.core import faults
+from trainer.core.entry import run_step
 from trainer.core.errors import (
     DeniedError,
     NoSpaceError,
@@ -41,9 +42,8 @@ from trainer.core.errors import (
     exit_code,
 )
 from trainer.core.files import write_json
-from trainer.storage import faults
+from trainer.publishing.publish import publish
 from trainer.storage.locations import Location
-from trainer.storage.publish import publish
 
 LINEAGE = {"run_id": "run-1", "dataset": "sample", "model_uri": "m", "parameters": {}}
 NO_SPACE = "no space left on the device (ENOSPC); free space there or give the task a larger volume"
@@ -242,7 +242,7 @@ def test_s3_throttled_twice_then_answered_succeeds_with_each_retry_logged(publis
     prefix = f"t-{uuid.uuid4().hex[:6]}"
     proxy = SlowDown(publisher.url, lambda path, n: path.endswith("/latest.json") and n <= 2)
     try:
-        with caplog.at_level(logging.WARNING, logger="trainer.storage.faults"):
+        with caplog.at_level(logging.WARNING, logger="trainer.core.faults"):
             Location(f"s3://{BUCKET}/{prefix}", proxy.url).write_json({"version": 7}, "latest.json")
     finally:
         proxy.stop()
@@ -310,7 +310,7 @@ def test_s3_an_endpoint_that_refuses_connections_is_retried_then_142(monkeypatch
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         endpoint = f"http://127.0.0.1:{closed.getsockname()[1]}"
-    with caplog.at_level(logging.WARNING, logger="trainer.storage.faults"):
+    with caplog.at_level(logging.WARNING, logger="trainer.core.faults"):
         with pytest.raises(StoreUnavailableError) as raised:
             Location(f"s3://{BUCKET}/p", endpoint).read_json("latest.json")
     assert exit_code(raised.value) == 142

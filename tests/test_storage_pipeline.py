@@ -7,13 +7,12 @@ from kfp.dsl import Artifact, Dataset, Model
 import components
 from pipelines.cli import compile_pipeline
 from pipelines.storage import StorageSettings
-from tests.conftest import IMAGE
 from tests.standins.kube import KubeStandIn, write_kubeconfig
+from tests.support.pipelines import IMAGE
 from trainer.cluster.resume import home_for
 from trainer.config.contract import RuntimeConfig, TrainConfig
 from trainer.core.errors import UsageError
-from trainer.k8s import claims as checkpoints
-from trainer.k8s import objects as k8s
+from trainer.k8s import checkpoints, objects
 
 NS = "team-a"
 RUN_ID = "run-42"
@@ -30,7 +29,7 @@ def api(httpserver, monkeypatch, tmp_path):
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", url)
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    return k8s.core_api(host=url)
+    return objects.core_api(host=url)
 
 
 def test_a_read_write_once_claim_is_refused_with_the_reason(api):
@@ -54,10 +53,10 @@ def test_workers_checkpoint_on_the_mounted_claim_per_run(api, tmp_path, monkeypa
     monkeypatch.setattr(checkpoints, "MOUNT", str(tmp_path))
     on_claim = checkpoints.on_claim(config, api)
     assert on_claim.runtime.checkpoint_dir == str(tmp_path)
-    assert home_for(on_claim, TWO_WORKERS_1).uri == f"{tmp_path}/{k8s.run_key(RUN_ID)}/worker-1"
+    assert home_for(on_claim, TWO_WORKERS_1).uri == f"{tmp_path}/{objects.run_key(RUN_ID)}/worker-1"
     chosen = checkpoints.on_claim(config.replace(checkpoint_dir=f"{tmp_path}/mine"), api)
     assert chosen.runtime.checkpoint_dir == f"{tmp_path}/mine"
-    assert home_for(chosen, TWO_WORKERS_1).uri == f"{tmp_path}/mine/{k8s.run_key(RUN_ID)}/worker-1", "keyed too"
+    assert home_for(chosen, TWO_WORKERS_1).uri == f"{tmp_path}/mine/{objects.run_key(RUN_ID)}/worker-1", "keyed too"
     assert checkpoints.on_claim(config.replace(checkpoint_claim=""), api).runtime.checkpoint_dir == ""
 
 

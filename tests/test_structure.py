@@ -3,7 +3,7 @@
 import ast
 from pathlib import Path
 
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 PACKAGES = ("trainer", "components", "pipelines")
 
@@ -59,7 +59,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_no_import_cycle_even_through_function_level_imports():
     graph = import_graph()
     assert graph["trainer.train"] and graph["pipelines.factories"], "the walk found the project's imports"
-    assert "trainer.cluster.tf_config" in graph["trainer.cluster.supervisor"], "and the subpackages' modules"
+    assert "trainer.cluster.topology" in graph["trainer.cluster.supervisor"], "and the subpackages' modules"
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"], "the check itself finds one"
 
@@ -79,17 +79,17 @@ def test_the_trainer_never_imports_kfp():
 
 def test_the_kubernetes_client_is_used_only_by_the_kubernetes_package_and_the_kserve_deployment():
     assert _importers("kubernetes", "trainer") == {
-        "trainer.k8s.claims",
-        "trainer.k8s.discovery",
+        "trainer.k8s.checkpoints",
+        "trainer.cluster.discovery",
         "trainer.k8s.objects",
-        "trainer.k8s.status",
+        "trainer.cluster.configmap_status",
         "trainer.serving.kserve",
     }
 
 
 def test_the_trainer_is_grouped_by_concern_with_only_entry_points_at_the_top():
     top = {p.stem for p in (ROOT / "trainer").glob("*.py")}
-    assert top == {"__init__", "cli", "steps", "train", "prepare", "evaluate", "launch"}, "commands and steps"
+    assert top == {"__init__", "steps", "train", "prepare", "evaluate", "launch", "local_job"}, "commands and steps"
     packages = {p.parent.name for p in (ROOT / "trainer").glob("*/__init__.py")}
     assert packages == {
         "command",
@@ -103,6 +103,24 @@ def test_the_trainer_is_grouped_by_concern_with_only_entry_points_at_the_top():
         "storage",
         "evaluation",
         "serving",
+        "records",
+        "publishing",
     }
     for package in packages:
         assert ast.get_docstring(ast.parse((ROOT / "trainer" / package / "__init__.py").read_text())), package
+
+
+def test_test_files_share_helpers_through_tests_support_only():
+    """A test file imports no other test file and not conftest (pytest imports those itself): shared helpers live
+    in tests/support/, fixtures in conftest.py."""
+    tests = ROOT / "tests"
+    found = {}
+    for path in sorted(tests.rglob("*.py")):
+        for name in _imports(path):
+            top = name.split(".")[:2]
+            if top[0] == "tests" and len(top) == 2 and (top[1].startswith("test_") or top[1] == "conftest"):
+                found.setdefault(str(path.relative_to(ROOT)), set()).add(name)
+    assert not found, f"move what these import into a tests/support/ module: {found}"
+    assert (tests / "support" / "__init__.py").exists() and any(
+        "tests.support.processes" in _imports(p) for p in tests.glob("test_*.py")
+    ), "the check sees the support modules' users"

@@ -10,9 +10,10 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT, run_module, trainer_args
-from trainer.cluster.local import free_ports
-from trainer.cluster.tf_config import build_tf_config
+from tests.support.paths import ROOT
+from tests.support.processes import run_module, trainer_args
+from trainer.cluster.local_processes import free_ports
+from trainer.cluster.topology import build_tf_config
 
 
 def _env(**extra):
@@ -145,3 +146,43 @@ def test_two_workers_train_on_ipv6_loopback_with_their_control_channel_there(sam
     assert [proc.returncode for proc in procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     assert sorted(os.listdir(tmp_path / "model")) == ["history.json", "model.keras", "saved_model"]
     assert "TRAINER_CONTROL_SECRET" not in "".join(outputs) and env[SECRET_ENV] not in "".join(outputs)
+
+
+# Every TFJob policy x these exit codes, decided after no restart with one allowed. kubeflow/trainer v1.7-v1.9:
+# `pkg/controller.v1/common/pod.go` hands OnFailure and Always to the kubelet as the pod's own restartPolicy (any
+# failure restarts) and turns ExitCode into a pod that never restarts, the operator re-creating it when
+# `pkg/util/train/train_util.go` `IsRetryableExitCode` (exitCode >= 128) says so; Never restarts nothing. Kept: all of
+# that, except that Always runs as OnFailure (a task that finished is not started again) and that an exit a policy
+# does not retry asks the peers first (a user's command cannot say that a lost peer made it fail).
+CODES = (0, 1, 2, 137, 138, 142, 143)
+S, R, F, A = "succeed", "restart", "fail", "ask_peers"
+TFJOB_DECISIONS = {
+    "Never": (S, A, A, A, A, A, A),
+    "OnFailure": (S, R, R, R, R, R, R),
+    "Always": (S, R, R, R, R, R, R),
+    "ExitCode": (S, A, A, R, R, R, R),
+}
+
+
+@pytest.mark.parametrize("policy", list(TFJOB_DECISIONS))
+def test_each_tfjob_restart_policy_decides_each_exit_code_as_the_operator_did(policy):
+    from trainer.command import tfjob_spec
+
+    rule = tfjob_spec.restart_policy(policy).limited(1)
+    assert tuple(rule.decide(code).value for code in CODES) == TFJOB_DECISIONS[policy]
+    asked = tuple(rule.decide(code, peers_asked=True).value for code in CODES)
+    assert asked == tuple(F if d == A else d for d in TFJOB_DECISIONS[policy]), "asked once, a code not retried fails"
+    spent = tuple(rule.decide(code, restarts=1).value for code in CODES)
+    assert spent == tuple(F if d == R else d for d in TFJOB_DECISIONS[policy]), "no restart left: it fails"
+
+
+def test_the_contracts_policy_restarts_its_retryable_codes_only_and_never_asks_the_peers():
+    from trainer.cluster.policy import CONTRACT, Decision
+
+    rule = CONTRACT.limited(2)
+    assert [rule.decide(code).value for code in (*CODES, 130, 140, 3, 4, 5)] == [
+        S, F, F, R, R, R, R, R, R, F, F, F,
+    ]  # fmt: skip
+    assert rule.decide(138, restarts=2) is Decision.FAIL and Decision.FAIL.is_final
+    assert not Decision.RESTART.is_final and not Decision.ASK_PEERS.is_final
+    assert CONTRACT.decide(138) is Decision.FAIL, "no restart allowed by default"

@@ -15,7 +15,7 @@ import yaml
 from packaging.requirements import Requirement
 
 import trainer
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 # What a task's container imports before and while it runs the user's command: KFP's executor, the component, the
 # command step, and the Kubernetes mode's discovery, claims and status.
@@ -23,9 +23,9 @@ TASK_MODULES = [
     "kfp.dsl.executor_main",
     "components.run_command",
     "trainer.command.run",
-    "trainer.k8s.discovery",
-    "trainer.k8s.claims",
-    "trainer.k8s.status",
+    "trainer.cluster.discovery",
+    "trainer.k8s.checkpoints",
+    "trainer.cluster.configmap_status",
 ]
 
 
@@ -127,7 +127,7 @@ def stand_in(tmp_path):
 
 
 def _secret_job(optional_extra=""):
-    from trainer.command.tfjob import read_manifest
+    from trainer.command.tfjob_spec import read_manifest
 
     manifest = yaml.safe_load(
         """

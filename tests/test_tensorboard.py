@@ -5,29 +5,14 @@ import math
 from pathlib import Path
 
 import pytest
-from tensorboard.backend.event_processing import event_accumulator
-from tensorboard.util import tensor_util
 
-from tests.conftest import run_module
-
-TRAIN_TAGS = {"loss", "accuracy", "learning_rate", "examples_per_second"}
+from tests.support.processes import run_module
+from tests.support.tensorboard import TRAIN_TAGS, read_scalars
 
 
-def read_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
-    """{tag: [(step, value), ...]} of one TensorBoard run directory, as TensorBoard's scalar plugin would load it."""
-    accumulator = event_accumulator.EventAccumulator(str(directory), size_guidance={event_accumulator.TENSORS: 0})
-    accumulator.Reload()
-    scalars = {}
-    for tag in accumulator.Tags()["tensors"]:
-        assert accumulator.SummaryMetadata(tag).plugin_data.plugin_name == "scalars", tag
-        scalars[tag] = [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in accumulator.Tensors(tag)]
-    return scalars
-
-
-def _train(data, out, *extra, launcher=()):
+def _train(data, out, *extra):
     trainer = ["--data", data, "--model-dir", str(out / "model"), "--steps-per-epoch", "4", "--run-id", "run-7"]
-    args = [*trainer, "--tensorboard-dir", str(out / "tb"), *extra]
-    return run_module("trainer.launch", *launcher, "--", *args) if launcher else run_module("trainer.train", *args)
+    return run_module("trainer.train", *trainer, "--tensorboard-dir", str(out / "tb"), *extra)
 
 
 @pytest.mark.slow
@@ -54,19 +39,17 @@ def test_one_point_per_epoch_for_each_scalar_equal_to_the_history(sample_data, t
     assert [v for _, v in train["learning_rate"]] == pytest.approx([cosine(k * steps) for k in (1, 2, 3)], rel=1e-5)
 
 
-@pytest.mark.slow
-def test_without_validation_there_is_no_validation_run(sample_data, tmp_path):
-    result = _train(sample_data, tmp_path, "--epochs", "1")
+@pytest.mark.slow  # the shared 2-worker run
+def test_two_workers_only_the_chief_writes_and_without_validation_there_is_no_validation_run(
+    undisturbed_two_workers, undisturbed_tensorboard
+):
+    """The 2-worker launch of `undisturbed_two_workers` (10 epochs, no --validate), which several files check."""
+    result = undisturbed_two_workers[2]
     assert result.returncode == 0, result.stderr[-3000:]
-    assert sorted(p.name for p in (tmp_path / "tb" / "run-7").iterdir()) == ["train"]
-
-
-@pytest.mark.slow
-def test_two_workers_only_the_chief_writes(sample_data, tmp_path):
-    result = _train(sample_data, tmp_path, "--epochs", "2", launcher=("--workers", "2"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    files = sorted((tmp_path / "tb").rglob("events.out.tfevents.*"))
-    assert [f.parent.relative_to(tmp_path / "tb").as_posix() for f in files] == ["run-7/train"], "one writer: the chief"
-    scalars = read_scalars(tmp_path / "tb" / "run-7" / "train")
+    tensorboard = Path(undisturbed_tensorboard)
+    files = sorted(tensorboard.rglob("events.out.tfevents.*"))
+    assert [f.parent.relative_to(tensorboard).as_posix() for f in files] == ["undisturbed/train"], "one writer"
+    assert sorted(p.name for p in (tensorboard / "undisturbed").iterdir()) == ["train"], "no validation run"
+    scalars = read_scalars(tensorboard / "undisturbed" / "train")
     assert set(scalars) == TRAIN_TAGS
-    assert all([step for step, _ in points] == [1, 2] for points in scalars.values())
+    assert all([step for step, _ in points] == list(range(1, 11)) for points in scalars.values())

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT, run_module
-from trainer.cluster.tf_config import assign_addresses
-from trainer.command import run, tfjob
-from trainer.command.tfjob import EnvSource, JobSpec, Mount, Replica, read_manifest
+from tests.support.paths import ROOT
+from tests.support.processes import run_module
+from trainer.cluster.topology import assign_addresses
+from trainer.command import run, tfjob_spec
+from trainer.command.tfjob_spec import EnvSource, JobSpec, Mount, Replica, read_manifest
 from trainer.core.errors import UsageError
 
 EXAMPLE = ROOT / "pipelines" / "tfjob_example" / "tfjob.yaml"
@@ -24,34 +25,53 @@ def _example():
     return yaml.safe_load(EXAMPLE.read_text())
 
 
+def _operators_tf_config(cluster, task_type, index):
+    """TF_CONFIG as a command-mode task gets it: the one builder, placed as TFJob's operator placed a task."""
+    from trainer.cluster.cluster_record import ClusterRecord
+    from trainer.cluster.lifecycle import Member, Placement
+
+    placement = Placement(
+        "",
+        task_type,
+        index,
+        "run-1",
+        "local",
+        60,
+        60,
+        environment=tfjob_spec.TF_CONFIG_ENVIRONMENT,
+        alone_undistributed=True,
+    )
+    return Member.of_record(ClusterRecord(cluster, {}, "local"), placement).tf_config
+
+
 def test_tf_config_is_the_operators_with_the_environment_key():
     cluster = {"chief": ["j-chief-0:2222"], "worker": ["j-worker-0:2222", "j-worker-1:2222"]}
-    assert tfjob.tf_config(cluster, "worker", 1) == {
+    assert _operators_tf_config(cluster, "worker", 1) == {
         "cluster": {"chief": ["j-chief-0:2222"], "worker": ["j-worker-0:2222", "j-worker-1:2222"]},
         "task": {"type": "worker", "index": 1},
         "environment": "cloud",
     }
     assert assign_addresses(["a:1", "b:1", "c:1"], 2, chief=True) == {"chief": ["a:1"], "worker": ["b:1", "c:1"]}
     assert assign_addresses(["a:1", "b:1"], 2) == {"worker": ["a:1", "b:1"]}
-    with pytest.raises(UsageError, match="worker:2 is not in the cluster"):
-        tfjob.tf_config(cluster, "worker", 2)
+    with pytest.raises(UsageError, match="task index 2 is out of range for 'worker'; allowed: 0 to 1"):
+        _operators_tf_config(cluster, "worker", 2)
 
 
 def test_commands_expand_variables_as_kubernetes_does():
     env = {"MODEL_DIR": "/m", "A": "x"}
-    assert tfjob.expand("--out=$(MODEL_DIR)/saved", env) == "--out=/m/saved"
-    assert tfjob.expand("$$(A) $(A)$(A) $(UNSET) $A", env) == "$(A) xx $(UNSET) $A"
+    assert tfjob_spec.expand("--out=$(MODEL_DIR)/saved", env) == "--out=/m/saved"
+    assert tfjob_spec.expand("$$(A) $(A)$(A) $(UNSET) $A", env) == "$(A) xx $(UNSET) $A"
 
 
 def test_restart_policies_retry_what_the_operator_retried():
-    never, on_failure, exit_code = (tfjob.retryable(p) for p in ("Never", "OnFailure", "ExitCode"))
+    never, on_failure, exit_code = (tfjob_spec.restart_policy(p).retries for p in ("Never", "OnFailure", "ExitCode"))
     codes = [0, 1, 2, 126, 127, 128, 130, 137, 138, 139, 140, 143]
     assert [c for c in codes if never(c)] == []
     assert [c for c in codes if on_failure(c)] == [1, 2, 126, 127, 128, 130, 137, 138, 139, 140, 143]
     # kubeflow/trainer v1.7-v1.9 pkg/util/train/train_util.go IsRetryableExitCode: exitCode >= 128.
     assert [c for c in codes if exit_code(c)] == [128, 130, 137, 138, 139, 140, 143]
     with pytest.raises(UsageError, match="'Sometimes' is not one of Never, OnFailure, ExitCode, Always"):
-        tfjob.retryable("Sometimes")
+        tfjob_spec.restart_policy("Sometimes")
 
 
 def test_the_example_manifest_reads_into_its_job():
@@ -273,7 +293,7 @@ def _parameter_servers():
 
 
 def test_a_parameter_server_job_keeps_its_three_task_types_in_tfjobs_tf_config(tmp_path):
-    from trainer.command.run import create_job_cluster
+    from trainer.steps import create_job_cluster
 
     job = read_manifest(_parameter_servers())
     assert [(r.type, r.count) for r in job.replicas] == [("chief", 1), ("ps", 2), ("worker", 2)]
@@ -282,7 +302,7 @@ def test_a_parameter_server_job_keeps_its_three_task_types_in_tfjobs_tf_config(t
     assert sorted(record.cluster) == ["chief", "ps", "worker"]
     assert [len(record.cluster[k]) for k in ("chief", "ps", "worker")] == [1, 2, 2]
     assert len(set(sum(record.cluster.values(), []))) == 5, "every task its own address"
-    assert tfjob.tf_config(record.cluster, "ps", 1) == {
+    assert _operators_tf_config(record.cluster, "ps", 1) == {
         "cluster": record.cluster,
         "task": {"type": "ps", "index": 1},
         "environment": "cloud",
@@ -304,7 +324,7 @@ def test_every_hand_off_of_a_compiled_job_has_the_type_its_component_declares(ma
     from kfp import compiler
 
     from pipelines.jobs import tfjob_pipeline
-    from tests.test_typeflow import type_flow
+    from tests.support.pipelines import type_flow
 
     compiler.Compiler().compile(tfjob_pipeline(read_manifest(manifest()), IMAGE), str(tmp_path / "job.yaml"))
     flows = type_flow(next(yaml.safe_load_all((tmp_path / "job.yaml").read_text())))
@@ -350,8 +370,8 @@ def test_under_exit_code_a_failure_beside_a_failed_peer_is_a_lost_peer(tmp_path,
     import threading
 
     from trainer.cluster.control import Control
-    from trainer.cluster.local import free_ports
-    from trainer.cluster.supervisor import Supervisor
+    from trainer.cluster.local_processes import free_ports
+    from trainer.cluster.supervisor import SupervisedTask, Supervisor
     from trainer.core.errors import EXIT_PEER_UNAVAILABLE
 
     ports = free_ports(2)
@@ -360,15 +380,8 @@ def test_under_exit_code_a_failure_beside_a_failed_peer_is_a_lost_peer(tmp_path,
         Control(ports[1], [f"localhost:{ports[0]}"], secret=SECRET),
     )
     peer.set(0, "running")
-    supervisor = Supervisor(
-        _exits_with_one(tmp_path),
-        dict(os.environ),
-        None,
-        startup_timeout=60,
-        control=own,
-        retryable=tfjob.retryable("ExitCode"),
-        blame_peers=True,
-    )
+    task = SupervisedTask(_exits_with_one(tmp_path), dict(os.environ), None, 60, tfjob_spec.restart_policy("ExitCode"))
+    supervisor = Supervisor(task, control=own)
     result = []
     thread = threading.Thread(target=lambda: result.append(supervisor.run()))
     try:
@@ -390,9 +403,9 @@ def test_under_exit_code_a_failure_beside_a_failed_peer_is_a_lost_peer(tmp_path,
 
 def test_one_task_in_all_gets_no_tf_config_as_the_operator_gave_none():
     """kubeflow/trainer v1.7-v1.9 pkg/controller.v1/tensorflow/util.go isDistributed: replicas in all != 1."""
-    assert tfjob.tf_config({"worker": ["a:1"]}, "worker", 0) is None
-    assert tfjob.tf_config({"chief": ["a:1"]}, "chief", 0) is None
-    assert tfjob.tf_config({"worker": ["a:1"], "evaluator": ["b:1"]}, "worker", 0) == {
+    assert _operators_tf_config({"worker": ["a:1"]}, "worker", 0) is None
+    assert _operators_tf_config({"chief": ["a:1"]}, "chief", 0) is None
+    assert _operators_tf_config({"worker": ["a:1"], "evaluator": ["b:1"]}, "worker", 0) == {
         "cluster": {"worker": ["a:1"], "evaluator": ["b:1"]},
         "task": {"type": "worker", "index": 0},
         "environment": "cloud",
@@ -401,19 +414,19 @@ def test_one_task_in_all_gets_no_tf_config_as_the_operator_gave_none():
 
 def test_the_evaluator_is_in_the_cluster_of_tf_config_and_not_a_peer_of_the_control_channel(tmp_path):
     """The operator's genClusterSpec puts every replica type in the cluster, the Evaluator too; it never restarts."""
-    from trainer.cluster.record import ClusterRecord
-    from trainer.command.run import create_job_cluster
+    from trainer.cluster.cluster_record import ClusterRecord
+    from trainer.steps import create_job_cluster
 
     record = create_job_cluster(str(tmp_path), "run-1", True, 2, "local", 2222, evaluator=True)
     assert [len(record.cluster[k]) for k in ("chief", "worker", "evaluator")] == [1, 2, 1]
     assert ClusterRecord.read(str(tmp_path)) == record
-    assert tfjob.tf_config(record.cluster, "evaluator", 0) == {
+    assert _operators_tf_config(record.cluster, "evaluator", 0) == {
         "cluster": record.cluster,
         "task": {"type": "evaluator", "index": 0},
         "environment": "cloud",
     }
     alone = create_job_cluster(str(tmp_path / "alone"), "run-2", True, 0, "local", 2222)
-    assert list(alone.cluster) == ["chief"] and tfjob.tf_config(alone.cluster, "chief", 0) is None
+    assert list(alone.cluster) == ["chief"] and _operators_tf_config(alone.cluster, "chief", 0) is None
 
 
 def test_an_env_chain_expands_in_the_manifests_order_whatever_the_names_sort_as():
@@ -422,7 +435,7 @@ def test_an_env_chain_expands_in_the_manifests_order_whatever_the_names_sort_as(
     assert worker.env == (("DATA_ROOT", "s3://team-mnist/run"), ("CKPT", "$(DATA_ROOT)/ckpt"))
     env = run.task_environment({}, [list(pair) for pair in worker.env], "/m", "/c")
     assert env["CKPT"] == "s3://team-mnist/run/ckpt"
-    assert [tfjob.expand(part, env) for part in worker.command][-1] == "--tf-model-dir=s3://team-mnist/run/ckpt"
+    assert [tfjob_spec.expand(part, env) for part in worker.command][-1] == "--tf-model-dir=s3://team-mnist/run/ckpt"
     assert worker.env_from == (
         EnvSource("AWS_ACCESS_KEY_ID", "secret", "aws-creds", "AWS_ACCESS_KEY_ID"),
         EnvSource("AWS_SECRET_ACCESS_KEY", "secret", "aws-creds", "AWS_SECRET_ACCESS_KEY"),
@@ -506,7 +519,7 @@ def test_restart_policies_are_per_replica_and_never_stops_a_mirrored_jobs_restar
 
 def test_a_finished_peer_is_finished_not_lost_and_a_restart_does_not_wait_for_it():
     from trainer.cluster.control import PEER_POLL_SECONDS, Control
-    from trainer.cluster.local import free_ports
+    from trainer.cluster.local_processes import free_ports
     from trainer.core.errors import PeerFinishedError
 
     ports = free_ports(3)
@@ -527,7 +540,7 @@ def test_a_finished_peer_is_finished_not_lost_and_a_restart_does_not_wait_for_it
 
 
 def test_quantities_are_read_as_kubernetes_reads_them():
-    from trainer.k8s import quantity
+    from trainer.core import quantity
 
     assert [quantity.cpu(v, "cpu") for v in ("2", 4, 0.5, "250m", "1.5", "1e0", ".1")] == [
         "2",

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT
-from trainer.command.tfjob import REPLICA_TYPES, read_manifest
+from tests.support.paths import ROOT
+from trainer.command.tfjob_spec import REPLICA_TYPES, read_manifest
+from trainer.core import quantity
 from trainer.core.errors import UsageError
-from trainer.k8s import quantity
 
 CORPUS = sorted((ROOT / "tests" / "tfjob_corpus").glob("*.yaml"))
 IMAGE = "registry.example.com/team/kfp-tf-multiworker:0.1.0"
@@ -171,7 +171,7 @@ def _carried(path: str, value, sections: dict) -> bool:
 
 
 def _account(manifest: dict, tmp_path: Path, refused: list[str]) -> None:
-    from tests.test_typeflow import type_flow
+    from tests.support.pipelines import type_flow
 
     job, spec, executors = _compile(manifest, tmp_path)
     assert [f for f in type_flow(spec) if f[3] != f[4]] == [], "a hand-off arrives as another type than declared"

@@ -1,4 +1,4 @@
-"""`pipelines/tfjob.py --local`: every task of a TFJob at once as local processes (`trainer.command.local`).
+"""`pipelines/tfjob.py --local`: every task of a TFJob at once as local processes (`trainer.local_job`).
 
 A Chief + Worker MultiWorkerMirrored job with an Evaluator trains with both training tasks in sync while the evaluator
 watches, and ends with the chief; a one-task job runs with no TF_CONFIG; a Chief + PS + Worker job runs all three
@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT, SAMPLE_DIR, run_module, script_processes
-from tests.test_faults import Streamed, _env
-from trainer.command import local
-from trainer.command.record import JobRecord
-from trainer.command.tfjob import read_manifest
-from trainer.config.contract import MAX_WORKERS as MAX_TASKS
+from tests.support.paths import ROOT, SAMPLE_DIR
+from tests.support.processes import Streamed, child_env, run_module, script_processes
+from trainer import local_job
+from trainer.command.tfjob_spec import read_manifest
+from trainer.config.contract import MAX_WORKERS
 from trainer.core.cpus import CpuBudget
 from trainer.core.errors import TaskFailedError, UsageError
-from trainer.storage.publish import latest
+from trainer.publishing.publish import latest
+from trainer.records.job import JobRecord
 
 TRAIN = ROOT / "pipelines" / "tfjob_example" / "train.py"
 PS_SCRIPT = ROOT / "tests" / "user_code" / "ps_train.py"
@@ -59,36 +59,38 @@ def _ps_manifest(chief_env=None, workers=1, python="python"):
 def test_the_tasks_are_the_jobs_replicas_in_order_and_the_chief_is_chief_0_else_worker_0():
     command = [sys.executable, "x.py"]
     job = read_manifest(_ps_manifest(workers=2))
-    tasks = local.job_tasks(job)
+    tasks = local_job.job_tasks(job)
     assert [t.name for t in tasks] == ["chief 0", "ps 0", "worker 0", "worker 1"]
-    assert local.chief_of(tasks).name == "chief 0"
-    workers = local.job_tasks(read_manifest(_manifest("w", {"Worker": _replica(command, count=2)})))
-    assert local.chief_of(workers).name == "worker 0"
+    assert local_job.chief_of(tasks).name == "chief 0"
+    workers = local_job.job_tasks(read_manifest(_manifest("w", {"Worker": _replica(command, count=2)})))
+    assert local_job.chief_of(workers).name == "worker 0"
     assert [t.directory for t in workers] == ["worker-0", "worker-1"]
 
 
 def test_the_first_failure_fails_the_run_and_an_evaluator_never_does():
     replica = read_manifest(_manifest("w", {"Worker": _replica(["python", "x.py"])})).replicas[0]
-    chief, worker, evaluator = (local.Task(t, 0, replica) for t in ("chief", "worker", "evaluator"))
-    assert local.first_failure([(chief, 0), (worker, 0), (evaluator, 1)]) is None
-    assert local.first_failure([(evaluator, 1), (worker, 138), (chief, 143)]) == (worker, 138)
-    assert local.first_failure([(chief, 0), (worker, 0)]) is None
+    chief, worker, evaluator = (local_job.Task(t, 0, replica) for t in ("chief", "worker", "evaluator"))
+    assert local_job.first_failure([(chief, 0), (worker, 0), (evaluator, 1)]) is None
+    assert local_job.first_failure([(evaluator, 1), (worker, 138), (chief, 143)]) == (worker, 138)
+    assert local_job.first_failure([(chief, 0), (worker, 0)]) is None
 
 
 def test_three_tasks_fit_two_cpus_and_24_gib_and_the_bound_is_the_fewer_of_cpu_and_memory():
     two = CpuBudget(2.0, "affinity: CPUs 0-1")
-    bound, why = local.capacity(two, 24 * 1024)
+    bound, why = local_job.capacity(two, 24 * 1024)
     assert bound == 4, why
     assert "2 per CPU of 2 CPUs" in why and "1024 MiB" in why
-    local.check_tasks(3, two, 24 * 1024)
-    assert local.capacity(CpuBudget(16.0, "cores"), 4 * 1024)[0] == 4, "memory bounds a big machine with little free"
-    assert local.capacity(CpuBudget(0.5, "cgroup"), 24 * 1024)[0] == 1
+    local_job.check_tasks(3, two, 24 * 1024)
+    assert local_job.capacity(CpuBudget(16.0, "cores"), 4 * 1024)[0] == 4, (
+        "memory bounds a big machine with little free"
+    )
+    assert local_job.capacity(CpuBudget(0.5, "cgroup"), 24 * 1024)[0] == 1
     with pytest.raises(UsageError, match=r"the job has 5 tasks .* allowed here: 1 to 4 \(2 per CPU"):
-        local.check_tasks(5, two, 24 * 1024)
+        local_job.check_tasks(5, two, 24 * 1024)
 
 
 def test_a_job_larger_than_this_machine_is_refused_before_anything_starts(tmp_path):
-    bound, _ = local.capacity()
+    bound, _ = local_job.capacity()
     manifest = tmp_path / "big.yaml"
     manifest.write_text(yaml.safe_dump(_ps_manifest(workers=bound - 1)))
     out = tmp_path / "out"
@@ -96,7 +98,7 @@ def test_a_job_larger_than_this_machine_is_refused_before_anything_starts(tmp_pa
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == 2, result.stderr
     # A machine that runs more than 64 tasks at once meets the manifest's own bound first.
-    refusal = f"the job has {bound + 1} tasks" if bound < MAX_TASKS else f"allowed: at most {MAX_TASKS}"
+    refusal = f"the job has {bound + 1} tasks" if bound < MAX_WORKERS else f"allowed: at most {MAX_WORKERS}"
     assert len(errors) == 1 and refusal in errors[0], errors
     assert not out.exists(), "nothing was written or started"
 
@@ -104,7 +106,7 @@ def test_a_job_larger_than_this_machine_is_refused_before_anything_starts(tmp_pa
 def test_a_bad_setting_is_refused_before_anything_starts(tmp_path):
     job = read_manifest(_manifest("w", {"Worker": _replica([sys.executable, "x.py"])}))
     with pytest.raises(UsageError, match="startup"):
-        local.run_job(job, str(tmp_path / "run"), startup_timeout=0)
+        local_job.run_job(job, str(tmp_path / "run"), startup_timeout=0)
     assert not (tmp_path / "run").exists()
 
 
@@ -134,7 +136,7 @@ def test_a_parameter_server_job_runs_its_three_tasks_at_once_and_publishes(tmp_p
 def test_a_failed_chief_fails_the_run_naming_it_and_stops_the_others(tmp_path):
     job = read_manifest(_ps_manifest(chief_env={"FAIL_AT_START": "1"}, python=sys.executable))
     with pytest.raises(TaskFailedError) as failed:
-        local.run_job(job, str(tmp_path / "run"), chief_timeout=60.0)
+        local_job.run_job(job, str(tmp_path / "run"), chief_timeout=60.0)
     assert failed.value.code == 1
     assert failed.value.reason.startswith("chief 0 failed with exit code 1"), failed.value.reason
     assert script_processes(PS_SCRIPT, tmp_path) == []
@@ -146,7 +148,7 @@ def test_sigterm_stops_every_task_with_143_and_leaves_no_process(tmp_path):
     manifest.write_text(yaml.safe_dump(_ps_manifest(chief_env={"EPOCHS": "1000"})))
     run = Streamed(
         [sys.executable, "-m", "pipelines.tfjob", str(manifest), "--local", "--output-dir", str(tmp_path / "out")],
-        _env(),
+        child_env(),
     )
     try:
         run.wait_for(r"\[chief 0\] Epoch 2/1000", 300)
@@ -166,7 +168,7 @@ def test_a_one_task_job_of_a_plain_script_runs_past_the_start_up_timeout(tmp_pat
     """The operator gave a one-task job no TF_CONFIG (isDistributed); nothing waits for a cluster to form."""
     script = ROOT / "tests" / "user_code" / "single_task.py"
     job = read_manifest(_manifest("single", {"Worker": _replica([sys.executable, str(script)], ["8"])}))
-    run = local.run_job(job, str(tmp_path / "run"), startup_timeout=2.0)
+    run = local_job.run_job(job, str(tmp_path / "run"), startup_timeout=2.0)
     output = capsys.readouterr().out
     assert run.codes == {"worker 0": 0}, output[-3000:]
     assert "no TF_CONFIG (one task in all" in output and "single task: " in output
@@ -189,7 +191,7 @@ def test_a_chief_a_worker_and_an_evaluator_with_an_env_chain_finish_and_the_eval
         [sys.executable, str(ROOT / "tests" / "user_code" / "sidecar_evaluator.py"), "$(CHECKPOINT_DIR)"]
     )
     job = read_manifest(_manifest("evaluated", {"Chief": trainer, "Worker": trainer, "Evaluator": evaluator}))
-    run = local.run_job(job, str(tmp_path / "run"), checkpoint_dir=str(tmp_path / "checkpoints"))
+    run = local_job.run_job(job, str(tmp_path / "run"), checkpoint_dir=str(tmp_path / "checkpoints"))
     output = capsys.readouterr().out
     assert run.codes == {"chief 0": 0, "worker 0": 0, "evaluator 0": 0}, output[-3000:]
     for name in ("chief 0", "worker 0"):
@@ -199,7 +201,7 @@ def test_a_chief_a_worker_and_an_evaluator_with_an_env_chain_finish_and_the_eval
     assert JobRecord.read(run.model).task == "chief:0"
     assert JobRecord.read(run.model).metrics["accuracy"] > 0.5, "the chief wrote $(OUT)/metrics.json, expanded in order"
     worker = tmp_path / "run" / "tasks" / "worker-0"
-    assert "'type': 'worker', 'index': 0}, replicas in sync: 2" in (worker / local.LOG_FILE).read_text()
+    assert "'type': 'worker', 'index': 0}, replicas in sync: 2" in (worker / local_job.LOG_FILE).read_text()
     assert json.loads((worker / "model" / "worker.json").read_text())["task"] == "worker:0"
     assert "[evaluator 0] evaluator: TF_CONFIG cluster ['chief', 'evaluator', 'worker']" in output
     assert "[evaluator 0] evaluator: new checkpoint" in output

@@ -2,7 +2,7 @@
 
 import subprocess
 
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 GONE = "minio" + "-service"  # KFP 2.16 removed it (kubeflow/pipelines#12613); the store is SeaweedFS
 

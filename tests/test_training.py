@@ -9,10 +9,9 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import run_module, trainer_args
-from trainer.cluster.local import free_ports
-from trainer.evaluation.metrics import Evaluation, compute_metrics
-from trainer.evaluation.metrics import run as evaluate
+from tests.support.processes import run_module, trainer_args
+from trainer.cluster.local_processes import free_ports
+from trainer.evaluation.metrics import Evaluation, compute_metrics, evaluate
 
 
 def _launch(workers, sample_data, model_dir, tmp_path, *extra):

@@ -1,6 +1,7 @@
 """Evaluation of a trained model on the held-out split.
 
-The built-in CNN's exported SavedModel (not the Python model code) gets accuracy, loss and per-class results; a
+The model's kind (by the history.json beside it; a bare SavedModel directory is the built-in CNN's) evaluates it:
+the built-in CNN's exported SavedModel (not the Python model code) gets accuracy, loss and per-class results; a
 model_fn's model, the metrics it was compiled with.
 
 trainer-evaluate --model-dir /tmp/model --data /tmp/mnist --output /tmp/metrics.json
@@ -12,12 +13,10 @@ import argparse
 import logging
 import sys
 
-from trainer.cli import run_cli
 from trainer.config.flags import Parser
-from trainer.core.errors import UsageError
-from trainer.evaluation import metrics as metrics_lib
-from trainer.evaluation import model_metrics
-from trainer.training.history import History
+from trainer.core.entry import run_cli
+from trainer.core.files import write_json
+from trainer.modeling import kinds
 
 log = logging.getLogger(__name__)
 
@@ -32,23 +31,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _model_fn(model_dir: str) -> str:
-    """The model_fn that trained the model in `model_dir`; empty for the CNN or a bare SavedModel directory."""
-    try:
-        return History.read(model_dir).model_fn
-    except UsageError:
-        return ""
-
-
 def main(argv: list[str] | None = None) -> int:
     """trainer-evaluate: evaluates a SavedModel; returns the exit code."""
 
     def body() -> None:
         args = build_parser().parse_args(argv)
-        if _model_fn(args.model_dir):
-            results = model_metrics.run(args.model_dir, args.data, args.output, args.split)
-        else:
-            results = metrics_lib.run(args.model_dir, args.data, args.output, args.split)
+        results, _ = kinds.of_model_dir(args.model_dir).evaluate(args.model_dir, args.data, 1, args.split)
+        if args.output:
+            write_json(args.output, results.to_json())
         print(", ".join(f"{name} {value:.4f}" for name, value in results.scalars().items()))
 
     return run_cli(body)

@@ -2,7 +2,7 @@
 
     trainer-launch --workers 2 -- --data /tmp/mnist --model-dir /tmp/model --epochs 5
 
-Picks free loopback ports, builds one TF_CONFIG per worker with `trainer.cluster.tf_config.build_tf_config`, starts one
+Picks free loopback ports, builds one TF_CONFIG per worker with `trainer.cluster.topology.build_tf_config`, starts one
 `trainer-train` per task (each supervises its own training process: start-up watchdog, prompt cancel, and with
 `--max-restarts N` restarts in place that all workers converge on), prefixes every log line with the task's name,
 and if any task fails for good stops the others (SIGTERM, then SIGKILL after a grace period) and exits with that
@@ -17,9 +17,10 @@ import logging
 import signal
 import sys
 
-from trainer.cli import run_cli
-from trainer.cluster import local
+from trainer.cluster import local_processes
+from trainer.cluster.topology import tasks
 from trainer.config.flags import Parser
+from trainer.core.entry import run_cli
 from trainer.core.errors import UsageError
 from trainer.core.runs import new_run_id
 
@@ -31,10 +32,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="trainer-launch",
         description="Run N trainer workers on this machine with a generated TF_CONFIG each.",
-        usage="trainer-launch --workers N [--ps P] [--max-restarts R] [--grace S] -- TRAINING_ARGS...",
+        usage="trainer-launch --workers N [--ps P] [--gpus-per-worker G] [--max-restarts R] [--grace S] -- "
+        "TRAINING_ARGS...",
     )
     p.add_argument(
-        "--workers", type=int, required=True, help=f"number of worker processes (1 to {local.MAX_LOCAL_WORKERS})"
+        "--workers",
+        type=int,
+        required=True,
+        help=f"number of worker processes (1 to {local_processes.MAX_LOCAL_WORKERS})",
     )
     p.add_argument(
         "--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL when stopping workers"
@@ -52,6 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="each worker restarts its training process in place up to N times after a retryable failure "
         "(a lost peer, a killed training process), and a worker whose whole process is killed is replaced up to N "
         "times, as a lost pod is; all workers restart together and resume after the last finished epoch",
+    )
+    p.add_argument(
+        "--gpus-per-worker",
+        type=int,
+        default=0,
+        help="give each worker G GPUs of its own (its CUDA_VISIBLE_DEVICES; parameter servers and the chief get "
+        "none), from the launcher's own CUDA_VISIBLE_DEVICES when set, else those nvidia-smi -L lists; "
+        "0 (default): every process sees what the launcher sees",
     )
     p.add_argument(
         "--no-pin",
@@ -74,7 +87,12 @@ def _launch(args: argparse.Namespace, rest: list[str]) -> int:
         raise UsageError(f"max restarts {args.max_restarts} is not allowed; allowed: 0 or more")
     if not 0 <= args.grace <= 3600:
         raise UsageError(f"grace {args.grace!r} is not allowed; allowed: 0 to 3600 seconds")
-    cluster, control = local.local_topology(args.workers, args.ps)
+    cluster, control = local_processes.local_topology(args.workers, args.ps)
+    gpus = None
+    if args.gpus_per_worker:
+        visible, source = local_processes.visible_gpus()
+        jobs = [task.job for task in tasks(cluster)]
+        gpus = local_processes.gpu_assignments(jobs, args.gpus_per_worker, visible, source)
     if args.ps and "--strategy" not in rest:
         rest = [*rest, "--strategy", "parameter_server"]
     if args.max_restarts:
@@ -83,7 +101,7 @@ def _launch(args: argparse.Namespace, rest: list[str]) -> int:
         run_id = new_run_id()
         log.info("run id %s (pass --run-id %s to resume this run's checkpoints in a later launch)", run_id, run_id)
         rest = [*rest, "--run-id", run_id]
-    group = local.WorkerGroup(
+    group = local_processes.WorkerGroup(
         [sys.executable, "-m", "trainer.train", *rest],
         cluster,
         args.grace,
@@ -91,6 +109,7 @@ def _launch(args: argparse.Namespace, rest: list[str]) -> int:
         control=control,
         replacements=args.max_restarts,
         pin=not args.no_pin,
+        gpus=gpus,
     )
 
     def interrupted(signum: int, frame: object) -> None:

@@ -11,9 +11,9 @@ import argparse
 import logging
 import sys
 
-from trainer.cli import run_cli
 from trainer.config.contract import DataConfig
 from trainer.config.flags import Parser, add_settings, settings_from
+from trainer.core.entry import run_cli
 from trainer.data import sources
 
 log = logging.getLogger(__name__)

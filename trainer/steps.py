@@ -1,51 +1,76 @@
 """The pipeline's steps as plain typed functions: what each KFP component runs, with paths instead of artifacts.
 
-Every component calls one of these through `trainer.cli.run_step`, so every step maps failures with the one
+Every component calls one of these through `trainer.core.entry.run_step`, so every step maps failures with the one
 exit-code contract. They take typed values, build the contract's config objects, and return the metadata the
 component records on its output artifacts. No kfp import: they run, and are tested, without it.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from trainer.cluster import tf_config as cluster_lib
-from trainer.cluster.record import ClusterRecord
+from trainer.cluster import topology
+from trainer.cluster.cluster_record import ClusterRecord
 from trainer.config.contract import ClusterConfig, DataConfig, PublishConfig, TrainConfig
-from trainer.core.errors import TaskFailedError, UsageError
-from trainer.core.files import write_json
+from trainer.core.errors import UsageError
 
 if TYPE_CHECKING:
-    from trainer.command.record import JobRecord
     from trainer.evaluation.verdict import Verdict
-    from trainer.storage.publish import Publication
+    from trainer.publishing.publish import Publication
+    from trainer.records.job import JobRecord
+    from trainer.serving.kserve import Deployment
 
 log = logging.getLogger(__name__)
-
-WORKER_FILE = "worker.json"
 
 
 def prepare_data(
     output: str, source: str, max_train_examples: int, max_test_examples: int, num_shards: int
 ) -> dict[str, Any]:
     """Prepares the dataset into `output`; returns the counts the Dataset artifact records."""
-    from trainer.data import sources as prepare
+    from trainer.data import sources
 
     data = DataConfig(
         source=source, max_train_examples=max_train_examples, max_test_examples=max_test_examples, num_shards=num_shards
     )
-    meta = prepare.run(data, output)
+    meta = sources.run(data, output)
     counts = {
         "source": source,
-        "train_examples": meta["splits"]["train"]["num_examples"],
-        "test_examples": meta["splits"]["test"]["num_examples"],
+        "train_examples": meta.num_examples("train"),
+        "test_examples": meta.num_examples("test"),
     }
-    if "num_classes" in meta:
-        counts["num_classes"] = meta["num_classes"]
+    if meta.num_classes:
+        counts["num_classes"] = meta.num_classes
     return counts
+
+
+def _topology(
+    run_id: str,
+    cluster_mode: str,
+    port: int,
+    num_workers: int,
+    num_ps: int = 0,
+    chief: bool = False,
+    evaluator: bool = False,
+) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """Every task's address and its supervisor's control address, shaped alike (`assign_addresses`).
+
+    Kubernetes mode names one headless Service per task in this pod's namespace (each task creates its own when it
+    joins), its control address the next port; local mode picks free loopback ports.
+    """
+    from trainer.cluster.local_processes import local_topology
+    from trainer.k8s import objects
+
+    if cluster_mode == "local":
+        return local_topology(num_workers, num_ps, chief, evaluator)
+    tasks = num_workers + num_ps + (1 if chief or num_ps else 0) + (1 if evaluator else 0)
+    addresses = objects.task_addresses(run_id, tasks, objects.namespace(), port)
+    control = [topology.next_port(a) for a in addresses]
+    return (
+        topology.assign_addresses(addresses, num_workers, num_ps, chief, evaluator),
+        topology.assign_addresses(control, num_workers, num_ps, chief, evaluator),
+    )
 
 
 def create_cluster(
@@ -53,22 +78,37 @@ def create_cluster(
 ) -> ClusterRecord:
     """Gives every task of the run an address (and its supervisor a control address) and writes cluster.json.
 
-    Kubernetes mode names one headless Service per task in this pod's namespace (each task creates its own when it
-    joins); local mode picks free loopback ports. The record also holds a fresh secret for the run's control channel
-    (`trainer.cluster.record`); the returned record's metadata leaves it out.
+    The addresses are `_topology`'s. The record also holds a fresh secret for the run's control channel
+    (`trainer.cluster.cluster_record`); the returned record's metadata leaves it out.
     """
-    from trainer.cluster.local import local_topology
-    from trainer.k8s import objects as k8s
-
     settings = ClusterConfig(num_workers=num_workers, cluster_mode=cluster_mode, port=port, num_ps=max(num_ps, 1))
-    if settings.cluster_mode == "local":
-        spec, control = local_topology(num_workers, num_ps)
-    else:
-        tasks = num_workers + (num_ps + 1 if num_ps else 0)
-        addresses = k8s.task_addresses(run_id, tasks, k8s.namespace(), port)
-        spec = cluster_lib.assign_addresses(addresses, num_workers, num_ps)
-        control = cluster_lib.assign_addresses([cluster_lib.next_port(a) for a in addresses], num_workers, num_ps)
+    spec, control = _topology(run_id, settings.cluster_mode, port, num_workers, num_ps)
     record = ClusterRecord.new(spec, control, settings.cluster_mode)
+    record.write(output_dir)
+    return record
+
+
+def create_job_cluster(
+    output_dir: str,
+    run_id: str,
+    chief: bool,
+    num_workers: int,
+    cluster_mode: str,
+    port: int,
+    num_ps: int = 0,
+    evaluator: bool = False,
+) -> ClusterRecord:
+    """A user's TFJob-shaped job's cluster.json (as `create_cluster`): chief, parameter servers, workers, evaluator.
+
+    The Evaluator is in the cluster of TF_CONFIG, as the operator put it there (`genClusterSpec`); its control
+    address is never served or asked (it never restarts with the training tasks).
+    """
+    from trainer.config import settings
+
+    settings.check("cluster_mode", cluster_mode)
+    settings.check("port", port)
+    spec, control = _topology(run_id, cluster_mode, port, num_workers, num_ps, chief, evaluator)
+    record = ClusterRecord.new(spec, control, cluster_mode)
     record.write(output_dir)
     return record
 
@@ -76,32 +116,31 @@ def create_cluster(
 def _storage_defaults(config: TrainConfig) -> TrainConfig:
     """Kubernetes mode: checkpoints on the claim, or in the pod.
 
-    Without a claim or a `checkpoint_dir`, checkpoints stay in the pod's own temporary directory: a replaced pod
-    starts without them and a survivor hands its copy over (`trainer.cluster.resume`).
+    Without a claim or a `checkpoint_dir`, checkpoints stay on the pod's own disk (`trainer.cluster.resume.root_of`):
+    a replaced pod starts without them and a survivor hands its copy over (`trainer.cluster.resume`).
     """
-    import tempfile
-
-    from trainer.k8s import claims as checkpoints
+    from trainer.cluster.resume import root_of
+    from trainer.k8s import checkpoints
 
     if config.cluster.cluster_mode != "kubernetes":
         return config
     config = checkpoints.on_claim(config)
     if not config.runtime.checkpoint_dir:
-        config = config.replace(checkpoint_dir=os.path.join(tempfile.gettempdir(), "tf-checkpoints"))
+        config = config.replace(checkpoint_dir=root_of(""))
     return config
 
 
 def train_task(
     dataset: str, cluster_dir: str, job: str, index: int, model_dir: str, run_id: str, **settings: Any
 ) -> dict[str, Any]:
-    """Runs one task of the run's cluster under the supervisor (joining the Kubernetes cluster first when asked).
+    """Runs one task of the run's cluster under the supervisor (`trainer.cluster.lifecycle.run_cluster_task`).
 
     Args:
         dataset: the prepared dataset.
         cluster_dir: create_cluster's output directory.
         job: `worker`, `chief` or `ps`.
         index: the task's index within its job.
-        model_dir: where the chief writes the model.
+        model_dir: where the chief writes the model (the others, their task record, worker.json).
         run_id: the pipeline run's id.
         **settings: contract settings by name (epochs, batch_size, startup_timeout, cluster_mode, ...).
 
@@ -111,35 +150,68 @@ def train_task(
     Raises:
         TaskFailedError: the training process failed; its own `error:` line says why, its exit code is kept.
     """
-    from trainer.cluster.supervisor import supervise
-    from trainer.k8s import discovery
+    from trainer.cluster.lifecycle import Placement, Trainer, run_cluster_task
 
     config = _storage_defaults(
         TrainConfig.from_settings(data_dir=dataset, model_dir=model_dir, run_id=run_id, **settings)
     )
-    record = ClusterRecord.read(cluster_dir)
-    tf_config = cluster_lib.build_tf_config(record.cluster, job, index)
-    log.info("%s %d joins the cluster %s", job, index, json.dumps(record.cluster))
-    kubernetes = config.cluster.cluster_mode == "kubernetes"
-    position = (
-        discovery.join_cluster(
-            record.cluster, job, index, run_id, config.cluster.startup_timeout, config.cluster.unschedulable_timeout
-        )
-        if kubernetes
-        else None
+    cluster = config.cluster
+    placement = Placement(
+        cluster_dir, job, index, run_id, cluster.cluster_mode, cluster.startup_timeout, cluster.unschedulable_timeout
     )
-    try:
-        code = supervise(config, tf_config, record.control, secret=record.secret)
-    finally:
-        if kubernetes:
-            discovery.leave_cluster(run_id, position)
-    if code:
-        raise TaskFailedError(code)
-    chief = cluster_lib.is_chief(tf_config)
-    if job == "worker" and not chief:
-        os.makedirs(model_dir, exist_ok=True)
-        write_json(os.path.join(model_dir, WORKER_FILE), {"worker_index": index, "chief": False})
-    return {"task": f"{job}:{index}", "chief": chief, "strategy": config.cluster.strategy, "framework": "tensorflow"}
+    return run_cluster_task(placement, Trainer(config))
+
+
+def command_task(
+    cluster_dir: str,
+    task_type: str,
+    index: int,
+    model_dir: str,
+    run_id: str,
+    unschedulable_timeout: float,
+    **command_settings: Any,
+) -> dict[str, Any]:
+    """Runs a user's command as task `task_type`:`index` of the run's job under the supervisor (command mode).
+
+    The same path as `train_task` (`trainer.cluster.lifecycle.run_cluster_task`), with TF_CONFIG as TFJob's operator
+    built it and the work `trainer.command.run.Command` describes.
+
+    Args:
+        cluster_dir: create_job_cluster's output directory.
+        task_type: chief, ps, worker or evaluator.
+        index: the task's index within its type.
+        model_dir: the task's `MODEL_DIR`.
+        run_id: the pipeline run's id.
+        unschedulable_timeout: seconds a task may wait for a peer's pod to be scheduled (Kubernetes mode).
+        **command_settings: the command and its settings by name (`Command`'s attributes).
+
+    Returns:
+        The metadata of the task's Model artifact: the chief's reported metrics, or the task record.
+
+    Raises:
+        UsageError: a bad setting, or a chief that wrote no SavedModel; nothing was started or kept.
+        TaskFailedError: the command failed for good; its exit code is kept.
+    """
+    from trainer.cluster.lifecycle import Placement, run_cluster_task
+    from trainer.command import tfjob_spec
+    from trainer.command.run import Command
+    from trainer.config import settings
+
+    command = Command(model_dir=model_dir, run_id=run_id, **command_settings)
+    settings.check("unschedulable_timeout", unschedulable_timeout)
+    command.check()
+    placement = Placement(
+        cluster_dir,
+        task_type,
+        index,
+        run_id,
+        command.cluster_mode,
+        command.startup_timeout,
+        unschedulable_timeout,
+        environment=tfjob_spec.TF_CONFIG_ENVIRONMENT,
+        alone_undistributed=True,
+    )
+    return run_cluster_task(placement, command)
 
 
 def _the_chief(model_dirs: list[str], holds: str, what: str) -> str:
@@ -158,7 +230,7 @@ def job_model(model_dirs: list[str], chief_copy: str) -> tuple[str, JobRecord]:
     """A command-mode job's chief model (the one with job.json) copied to `chief_copy`: its directory and record."""
     import shutil
 
-    from trainer.command.record import JobRecord
+    from trainer.records.job import JobRecord
 
     chief = _the_chief(model_dirs, JobRecord.FILE, f"chief model ({JobRecord.FILE})")
     shutil.copytree(chief, chief_copy)
@@ -170,10 +242,10 @@ def evaluate(
 ) -> Verdict:
     """Evaluates the chief's model, runs the serving check, writes the HTML report, copies the model.
 
-    The built-in CNN's exported SavedModel is evaluated on the held-out images (accuracy, loss, per class); a
-    model_fn's model reports the metrics it was compiled with. The serving check (`trainer.serving.check`) serves the
-    SavedModel in a fresh process the way TF Serving does and compares its answers for the first held-out examples
-    with the evaluation's.
+    The model's kind (`trainer.modeling.kinds.of_history`) evaluates it: the built-in CNN's exported SavedModel on
+    the held-out images (accuracy, loss, per class); a model_fn's model on the metrics it was compiled with. Its
+    serving check (`trainer.serving.serving_check`) serves the SavedModel in a fresh process the way TF Serving does and
+    compares its answers for the first held-out examples with the evaluation's.
 
     Returns:
         The verdict: the results, the gate, the serving check, and so the publish decision.
@@ -184,37 +256,31 @@ def evaluate(
     """
     import shutil
 
-    from trainer.evaluation import metrics as evaluation
-    from trainer.evaluation.gate import Gate
-    from trainer.evaluation.model_metrics import evaluate_model
+    from trainer.config.gate import Gate
     from trainer.evaluation.report import write_html
     from trainer.evaluation.verdict import BOOKKEEPING, Verdict
-    from trainer.modeling.export import SAVED_MODEL_DIR
-    from trainer.serving import check as serving_check
-    from trainer.training.history import History
+    from trainer.modeling import kinds
+    from trainer.records.history import History
+    from trainer.records.model_dir import SAVED_MODEL_DIR
+    from trainer.serving import serving_check
 
     settings = PublishConfig(min_accuracy=min_accuracy, gate=gate)
     bar = Gate.of(settings.gate, settings.min_accuracy)
     chief = _the_chief(model_dirs, SAVED_MODEL_DIR, "worker model with a SavedModel")
     history = History.read(chief)
     saved_model = os.path.join(chief, SAVED_MODEL_DIR)
-    if history.model_fn:
-        results, sample = evaluate_model(chief, dataset, serving_check.EXAMPLES)
-        bar.value(results.scalars())
-        taken = sorted(set(results.scalars()) & {*BOOKKEEPING, "source_uri", "gate", "serving_check"})
-        if taken:
-            raise UsageError(
-                f"model_fn {history.model_fn!r} compiles metrics named {', '.join(taken)}, which the evaluate step "
-                f"records for itself; allowed: other names (metrics=[...(name=...)])"
-            )
-        check = serving_check.run_outputs(saved_model, sample.features, sample.predictions)
-    else:
-        results, images, probabilities = evaluation.evaluate_split(chief, dataset)
-        bar.value(results.scalars())
-        count = min(len(images), serving_check.EXAMPLES)
-        check = serving_check.run(saved_model, images[:count], probabilities[:count])
+    kind = kinds.of_history(history)
+    results, sample = kind.evaluate(chief, dataset, serving_check.EXAMPLES)
+    bar.value(results.scalars())
+    taken = sorted(set(results.scalars()) & {*BOOKKEEPING, "source_uri", "gate", "serving_check"})
+    if taken:
+        raise UsageError(
+            f"{kind.name} compiles metrics named {', '.join(taken)}, which the evaluate step records for itself; "
+            "allowed: other names (metrics=[...(name=...)])"
+        )
+    check = kind.serving_check(saved_model, sample)
     verdict = Verdict(results, bar, check, chief)
-    write_html(report, verdict, history)
+    write_html(report, verdict, history, kind.html_name())
     shutil.copytree(chief, chief_copy)
     return verdict
 
@@ -234,16 +300,16 @@ def publish_model(
     gate's metric and direction (`gate`, else accuracy) say which of two models is better.
     """
     from trainer.config.contract import StorageConfig
-    from trainer.evaluation.gate import Gate
-    from trainer.k8s import objects as k8s
+    from trainer.config.gate import Gate
+    from trainer.k8s import objects
     from trainer.k8s.volumes import on_own_disk
-    from trainer.modeling.export import SAVED_MODEL_DIR
-    from trainer.storage import kfp as kfpstore
-    from trainer.storage.publish import check_target, publish
-    from trainer.training.history import History
+    from trainer.publishing.publish import check_target, publish
+    from trainer.records.history import History
+    from trainer.records.model_dir import SAVED_MODEL_DIR
+    from trainer.storage import kfpstore
 
     target = PublishConfig(publish_uri=publish_uri, gate=gate)
-    namespace = k8s.namespace_if_pod()
+    namespace = objects.namespace_if_pod()
     uri = kfpstore.expand(target.publish_uri, namespace)
     store = kfpstore.store(StorageConfig(storage=storage, s3_endpoint=s3_endpoint), namespace)
     check_target(uri, store.endpoint)
@@ -253,7 +319,7 @@ def publish_model(
             "would be gone with the pod; allowed: s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, or a path on a volume "
             "mounted into the publish step"
         )
-    from trainer.command.record import JobRecord
+    from trainer.records.job import JobRecord
 
     # A command-mode chief writes job.json instead of history.json; without either, History.read says what is missing.
     if os.path.isfile(os.path.join(model_dir, JobRecord.FILE)) and not os.path.isfile(
@@ -285,7 +351,7 @@ def deploy_model(
     s3_endpoint: str = "",
     api: Any = None,
     poll: float | None = None,
-) -> dict[str, Any]:
+) -> Deployment:
     """Serves the published model with the KServe InferenceService `serving_name`; off when that is empty.
 
     Creates or patches it in this pod's namespace and waits until it is Ready. `version` and `published_path` are
@@ -294,27 +360,27 @@ def deploy_model(
     (`trainer.serving.kserve.s3_credentials`).
 
     Returns:
-        `deployed` and `reason`, and when deployed the InferenceService's `url`, `predict_url`, `version`, ...
+        The deployment (`trainer.serving.kserve.Deployment`): whether and why, and the InferenceService serving it.
 
     Raises:
         UsageError: a bad setting, or nothing published; nothing was sent to the cluster.
         KubernetesError: the API refused a call, or the rollout failed (the previous revision keeps serving).
     """
     from trainer.config.contract import ServingConfig, StorageConfig
-    from trainer.k8s import objects as k8s
+    from trainer.k8s import objects
     from trainer.serving import kserve
-    from trainer.storage import kfp as kfpstore
+    from trainer.storage import kfpstore
 
     settings = ServingConfig(
         serving_name=serving_name, serving_timeout=serving_timeout, serving_runtime_version=serving_runtime_version
     )
     if not settings.serving_name:
-        return {"deployed": False, "reason": "not deployed: serving_name is empty"}
-    uri = kfpstore.expand(PublishConfig(publish_uri=publish_uri).publish_uri, k8s.namespace_if_pod())
+        return kserve.Deployment.skipped("not deployed: serving_name is empty")
+    uri = kfpstore.expand(PublishConfig(publish_uri=publish_uri).publish_uri, objects.namespace_if_pod())
     location = kserve.storage_uri(uri)
     if not version:
         raise UsageError(f"nothing is published at publish_uri {publish_uri!r} (version {version!r}); nothing to serve")
-    namespace = k8s.namespace()
+    namespace = objects.namespace()
     credentials = None
     if location.startswith("s3://") and all(os.environ.get(key) for key in kserve.S3_KEYS):
         store = kfpstore.store(StorageConfig(storage=storage, s3_endpoint=s3_endpoint), namespace)
@@ -323,8 +389,8 @@ def deploy_model(
         region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION") or kserve.DEFAULT_REGION
         credentials = kserve.s3_credentials(settings.serving_name, endpoint, keys, region)
     if api is None:
-        api = k8s.custom_objects_api()
-    result = kserve.deploy(
+        api = objects.custom_objects_api()
+    deployment = kserve.deploy(
         api,
         namespace,
         settings.serving_name,
@@ -336,6 +402,5 @@ def deploy_model(
         kserve.POLL_SECONDS if poll is None else poll,
         credentials,
     )
-    reason = f"InferenceService {settings.serving_name} serves version {version} at {result['url']}"
-    log.info(reason)
-    return {"deployed": True, "reason": reason, "version": version, **result}
+    log.info(deployment.reason)
+    return deployment

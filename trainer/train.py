@@ -17,9 +17,7 @@ import os
 import sys
 from typing import Any
 
-from trainer.cli import run_cli
-from trainer.cluster import control
-from trainer.cluster import tf_config as cluster_lib
+from trainer.cluster import control, topology
 from trainer.config.contract import (
     ClusterConfig,
     DataConfig,
@@ -30,6 +28,7 @@ from trainer.config.contract import (
     TrainConfig,
 )
 from trainer.config.flags import Parser, add_settings, settings_from
+from trainer.core.entry import run_cli
 from trainer.core.errors import UsageError
 from trainer.core.runs import new_run_id
 
@@ -46,7 +45,15 @@ SETTINGS = {
         "shuffle_buffer",
         "seed",
     ),
-    "optimisation": ("epochs", "batch_size", "learning_rate", "steps_per_epoch", "steps_per_execution", "validate"),
+    "optimisation": (
+        "epochs",
+        "batch_size",
+        "learning_rate",
+        "steps_per_epoch",
+        "steps_per_execution",
+        "validate",
+        "mixed_precision",
+    ),
     "quality gate (checked against the model's metrics before the first epoch)": ("gate",),
     "cluster and timeouts": (
         "strategy",
@@ -98,9 +105,9 @@ def tf_config_from_args(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.cluster_spec is not None:
         if args.worker_index is None:
             raise UsageError("--cluster-spec needs --worker-index")
-        return cluster_lib.build_tf_config(_json("cluster spec", args.cluster_spec), "worker", args.worker_index)
+        return topology.build_tf_config(_json("cluster spec", args.cluster_spec), "worker", args.worker_index)
     text = args.tf_config if args.tf_config is not None else os.environ.get("TF_CONFIG", "")
-    return cluster_lib.parse_tf_config(text) if text.strip() else None
+    return topology.parse_tf_config(text) if text.strip() else None
 
 
 def _json(what: str, text: str) -> Any:
@@ -113,14 +120,14 @@ def _json(what: str, text: str) -> Any:
 def run(config: TrainConfig, tf_config: dict[str, Any] | None, control_text: str = "") -> int:
     """Trains in this process (one process) or under a supervisor (a cluster member); returns the exit code.
 
-    `control_text` is `TRAINER_CONTROL`; the supervisors' control addresses matter only to mirrored workers that may
-    restart (`trainer.cluster.control.addresses`).
+    `control_text` is `TRAINER_CONTROL`; the supervisors' control addresses matter only to tasks that restart
+    together (`trainer.cluster.lifecycle.restarts_together`, `trainer.cluster.control.addresses`).
     """
     from trainer.cluster.resume import checkpoint_root, clean_before_training
     from trainer.training.task import check_topology, run_task
 
     check_topology(config, tf_config)
-    separate = bool(tf_config) and len(cluster_lib.task_order(tf_config["cluster"])) > 1
+    separate = bool(tf_config) and len(topology.task_order(tf_config["cluster"])) > 1
     if not config.runtime.run_id:
         if separate and config.cluster.strategy == "parameter_server":
             raise UsageError(
@@ -135,13 +142,14 @@ def run(config: TrainConfig, tf_config: dict[str, Any] | None, control_text: str
             ", this task's own: give every task of a cluster started by hand the same --run-id" if separate else "",
             config.runtime.run_id,
         )
-    if not tf_config or len(cluster_lib.task_order(tf_config["cluster"])) == 1:
+    if not tf_config or len(topology.task_order(tf_config["cluster"])) == 1:
         clean_before_training(checkpoint_root(config), config.runtime.run_id, tf_config)
         return run_task(config, tf_config)
-    from trainer.cluster.supervisor import supervise
+    from trainer.cluster import lifecycle
 
-    restarts = config.cluster.max_restarts and config.cluster.strategy == "multi_worker_mirrored"
-    return supervise(config, tf_config, control.addresses(tf_config, control_text) if restarts else None)
+    together = lifecycle.restarts_together(tf_config, config.cluster.max_restarts)
+    member = lifecycle.Member.of_tf_config(tf_config, control.addresses(tf_config, control_text) if together else {})
+    return lifecycle.supervise(member, lifecycle.Trainer(config))
 
 
 def main(argv: list[str] | None = None) -> int:

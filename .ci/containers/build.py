@@ -1,6 +1,7 @@
 """CI tooling: the project's image on a machine that may have no Docker Engine and no Docker Hub (`make e2e`).
 
-    python3 .ci/containers/build.py build [--tag TAG]   # engine, base image, then `docker build` with pip secrets
+    python3 .ci/containers/build.py build [--tag TAG] [--build-arg NAME=VALUE ...]
+                                                        # engine, base image, then `docker build` with pip secrets
     python3 .ci/containers/build.py engine              # only make sure a Docker Engine runs (for test harnesses)
     python3 .ci/containers/build.py base                # engine and the image to build on
 
@@ -32,6 +33,7 @@ from engine import Engine, ensure_engine, find_builder
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 _NAME = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_BUILD_ARG = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _TAG = re.compile(rf"^(?:[a-zA-Z0-9.-]+(?::\d+)?/)?{_NAME}(?:/{_NAME})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?$")
 
 
@@ -78,6 +80,20 @@ def check_tag(tag: str) -> str:
     return tag
 
 
+def check_build_arg(build_arg: str) -> str:
+    """Returns `build_arg` if it is NAME=VALUE for a build argument other than BASE (`--base` sets that).
+
+    Raises:
+        SetupError: it is not.
+    """
+    if not _BUILD_ARG.match(build_arg) or build_arg.startswith("BASE="):
+        raise SetupError(
+            f"--build-arg {build_arg!r} is not NAME=VALUE: allowed is a NAME of letters, digits and _ other than BASE "
+            "(--base sets that), such as REQUIREMENTS=requirements/gpu"
+        )
+    return build_arg
+
+
 def build_command(
     engine: Engine,
     builder_argv: list[str],
@@ -86,8 +102,9 @@ def build_command(
     base: str,
     dockerfile: Path = DOCKERFILE,
     context: Path = ROOT,
+    build_args: tuple[str, ...] = (),
 ) -> list[str]:
-    """The `docker build` command: the host network on the engine started here (it has no NAT), secrets, base, tag."""
+    """The `docker build` command: host network on the engine started here (no NAT), secrets, build arguments, tag."""
     network = ["--network", "host"] if engine.managed else []
     return [
         *builder_argv,
@@ -95,6 +112,7 @@ def build_command(
         *secret_options,
         "--build-arg",
         f"BASE={base}",
+        *(option for build_arg in build_args for option in ("--build-arg", build_arg)),
         "--tag",
         tag,
         "--file",
@@ -103,11 +121,18 @@ def build_command(
     ]
 
 
-def build(tag: str, dockerfile: Path = DOCKERFILE, context: Path = ROOT, base: str | None = None) -> BuiltImage:
+def build(
+    tag: str,
+    dockerfile: Path = DOCKERFILE,
+    context: Path = ROOT,
+    base: str | None = None,
+    build_args: tuple[str, ...] = (),
+) -> BuiltImage:
     """Engine, base image, then `docker build` of `dockerfile` with the host's pip settings and CA as secrets.
 
     `base` (an image the engine holds, such as this project's for a user's image built FROM it) replaces the
-    Dockerfile's `ARG BASE` default.
+    Dockerfile's `ARG BASE` default; `build_args` (NAME=VALUE) set its other arguments, such as the GPU image's
+    REQUIREMENTS=requirements/gpu.
 
     Raises:
         SetupError: a prerequisite is missing, or a step failed (the build's own output is shown as it runs).
@@ -130,6 +155,7 @@ def build(tag: str, dockerfile: Path = DOCKERFILE, context: Path = ROOT, base: s
             base,
             dockerfile,
             context,
+            build_args,
         )
         log.info("building %s with %s", tag, " ".join(builder.argv))
         build_started = time.monotonic()
@@ -160,6 +186,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--dockerfile", type=Path, default=DOCKERFILE, help="the Dockerfile (its directory is the context)"
     )
     build_parser.add_argument("--base", help="the image to build on (default: the Dockerfile's ARG BASE)")
+    build_parser.add_argument(
+        "--build-arg",
+        action="append",
+        default=[],
+        dest="build_args",
+        metavar="NAME=VALUE",
+        help="a build argument other than BASE, e.g. REQUIREMENTS=requirements/gpu for the GPU image (repeatable)",
+    )
     commands.add_parser("engine", help="only make sure a Docker Engine runs")
     commands.add_parser("base", help="make sure the engine holds an image to build on (the base, or its stand-in)")
     return parser.parse_args(argv)
@@ -186,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                 dockerfile,
                 dockerfile.parent,
                 check_tag(args.base) if args.base else None,
+                tuple(check_build_arg(build_arg) for build_arg in args.build_args),
             )
             print(
                 f"image {built.tag} id {built.image_id} size {built.size / 1e9:.2f} GB ({built.size} bytes); "

@@ -2,11 +2,12 @@
 
 Parameter servers (and, under ParameterServerStrategy, workers) only run a TensorFlow server; nothing in TensorFlow
 tells them the job is over. So the chief publishes a small status document (a ConfigMap of the run on Kubernetes, a
-local file, or an s3:// or gs:// object; `trainer.storage.status`) and refreshes it every `STATUS_INTERVAL` seconds:
+local file, or an s3:// or gs:// object; `trainer.cluster.status`) and refreshes it every `STATUS_INTERVAL` seconds:
 
     {"state": "running" | "succeeded" | "failed", "heartbeat": <unix time>, "detail": "..."}
 
-The servers' side reads it (`ChiefWatch`): `succeeded` -> the job is over; `failed` -> ChiefFailedError; no status
+`trainer.cluster.status.ChiefStatus` is that document and `ChiefState` its states. The servers' side reads it
+(`ChiefWatch`): `succeeded` -> the job is over; `failed` -> ChiefFailedError; no status
 within the start-up timeout, or a heartbeat older than the chief timeout (the chief vanished) -> PeerUnavailableError.
 This project's parameter-server runner and a TFJob's PS replicas in command mode use it alike. No TensorFlow here.
 """
@@ -18,8 +19,9 @@ import threading
 import time
 from typing import Any
 
+from trainer.cluster.configmap_status import ConfigMapStatus
+from trainer.cluster.status import CONFIGMAP, ChiefState, ChiefStatus, FileStatus, StatusStore
 from trainer.core.errors import ChiefFailedError, PeerUnavailableError
-from trainer.storage.status import open_status
 
 log = logging.getLogger(__name__)
 
@@ -28,23 +30,30 @@ POLL_INTERVAL = 1.0
 FINAL_WRITES = 3
 
 
+def open_status(uri: str, run_id: str = "", store: Any = None) -> StatusStore:
+    """The status store `uri` names: `configmap:NAME` (`trainer.cluster.configmap_status`), or a path or object URI."""
+    if uri.startswith(CONFIGMAP):
+        return ConfigMapStatus(uri[len(CONFIGMAP) :], run_id)
+    return FileStatus(uri, store.endpoint if store else "", store.refused if store else "")
+
+
 class StatusPublisher:
     """The chief's side: writes the status document now and keeps its heartbeat fresh from a thread.
 
     Args:
-        store: a status URI (`configmap:NAME`, a path, `s3://`, `gs://`) or a store from `trainer.storage.status`.
+        store: a status URI (`configmap:NAME`, a path, `s3://`, `gs://`) or a store from `trainer.cluster.status`.
     """
 
-    def __init__(self, store: str | Any) -> None:
+    def __init__(self, store: str | StatusStore) -> None:
         self.store = open_status(store) if isinstance(store, str) else store
         self._stop = threading.Event()
-        self._state = "running"
+        self._state = ChiefState.RUNNING
         self._detail = ""
         self._abandoned = False
         self._thread = threading.Thread(target=self._beat, daemon=True)
 
     def _write(self) -> None:
-        self.store.write({"state": self._state, "heartbeat": time.time(), "detail": self._detail})
+        self.store.write_status(ChiefStatus(self._state, time.time(), self._detail))
 
     def _beat(self) -> None:
         while not self._stop.wait(STATUS_INTERVAL):
@@ -69,7 +78,10 @@ class StatusPublisher:
             log.info("chief: its status stays 'running' without a heartbeat until a retried chief takes over")
             return
         lines = str(exc).strip().splitlines() if exc_type else []
-        self._state, self._detail = ("failed", (lines or [repr(exc)])[0][:300]) if exc_type else ("succeeded", "")
+        if exc_type:
+            self._state, self._detail = ChiefState.FAILED, (lines or [repr(exc)])[0][:300]
+        else:
+            self._state, self._detail = ChiefState.SUCCEEDED, ""
         for attempt in range(FINAL_WRITES):
             try:
                 self._write()
@@ -86,16 +98,17 @@ class ChiefWatch:
 
     Its clocks start at its first read. A heartbeat older than `chief_timeout` means the chief vanished only once
     this watch has itself waited that long, so a server that starts (or is retried) beside a chief being retried
-    waits for the new chief's first heartbeat; a status that cannot be read (an API hiccup) is retried the same way.
+    waits for the new chief's first heartbeat; a status that cannot be read (an API hiccup, or a document naming a
+    state no chief writes) is retried the same way.
 
     Args:
-        store: a status URI (`configmap:NAME`, a path, `s3://`, `gs://`) or a store from `trainer.storage.status`.
+        store: a status URI (`configmap:NAME`, a path, `s3://`, `gs://`) or a store from `trainer.cluster.status`.
         startup_timeout: seconds to wait for the first status.
         chief_timeout: the oldest heartbeat that still counts as a live chief, in seconds.
         what: this task's name for the messages.
     """
 
-    def __init__(self, store: str | Any, startup_timeout: float, chief_timeout: float, what: str) -> None:
+    def __init__(self, store: str | StatusStore, startup_timeout: float, chief_timeout: float, what: str) -> None:
         self.store = open_status(store) if isinstance(store, str) else store
         self.startup_timeout = startup_timeout
         self.chief_timeout = chief_timeout
@@ -125,7 +138,7 @@ class ChiefWatch:
         self.next_read = now + self.poll_seconds
         uri = self.store.where
         try:
-            status = self.store.read()
+            status = self.store.read_status()
         except Exception as err:
             if now - self.last_read > self.chief_timeout:
                 raise PeerUnavailableError(
@@ -140,12 +153,12 @@ class ChiefWatch:
                     f"{self.what}: the chief published no status at {uri} within {self.startup_timeout:g}s"
                 )
             return False
-        if status["state"] == "succeeded":
+        if status.state is ChiefState.SUCCEEDED:
             log.info("%s: the chief finished successfully; exiting", self.what)
             return True
-        if status["state"] == "failed":
-            raise ChiefFailedError(f"{self.what}: the chief failed: {status.get('detail', '')}")
-        age = time.time() - status["heartbeat"]
+        if status.state is ChiefState.FAILED:
+            raise ChiefFailedError(f"{self.what}: the chief failed: {status.detail}")
+        age = time.time() - status.heartbeat
         if age > self.chief_timeout and now - self.started > self.chief_timeout:
             raise PeerUnavailableError(
                 f"{self.what}: the chief's heartbeat at {uri} is {age:.0f}s old "
@@ -154,7 +167,7 @@ class ChiefWatch:
         return False
 
 
-def wait_for_chief(store: str | Any, startup_timeout: float, chief_timeout: float, what: str) -> None:
+def wait_for_chief(store: str | StatusStore, startup_timeout: float, chief_timeout: float, what: str) -> None:
     """A server's side: polls the chief's status until it says the job is over (`ChiefWatch`).
 
     Raises:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import errno
 import hashlib
 import hmac
@@ -49,8 +50,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
-from trainer.cluster import tf_config as tf_config_lib
-from trainer.cluster.tf_config import connect_host, split_address
+from trainer.cluster import topology
+from trainer.cluster.topology import connect_host, split_address
 from trainer.config.contract import MAX_WORKERS
 from trainer.core.errors import PeerFinishedError, PeerUnavailableError, StartupTimeoutError, UsageError
 
@@ -66,9 +67,34 @@ STALL_TIMEOUT = 60.0
 MAX_LINE = 4096
 MAX_SENDS = 4
 WARN_EVERY_SECONDS = 10.0
-STATES = ("starting", "fetching", "running", "formed", "failed", "done")
-LIVE = ("running", "formed")
 _NONCE_CHARS = 32
+
+
+class State(str, enum.Enum):
+    """A supervisor's state as it crosses the control channel (its value is the wire format)."""
+
+    STARTING = "starting"
+    """No training process yet: waiting for the peers, agreeing where to resume."""
+    FETCHING = "fetching"
+    """Receiving a peer's checkpoint: the peers' start-up watchdogs wait for it."""
+    RUNNING = "running"
+    """The process is joining the cluster."""
+    FORMED = "formed"
+    """The cluster formed: training."""
+    FAILED = "failed"
+    """The process of this generation failed."""
+    DONE = "done"
+    """The process succeeded: the task is over."""
+
+    @property
+    def is_terminal(self) -> bool:
+        """Whether this generation's process has ended (failed or done)."""
+        return self in (State.FAILED, State.DONE)
+
+    @property
+    def is_live(self) -> bool:
+        """Whether this generation's process runs (joining or training)."""
+        return self in (State.RUNNING, State.FORMED)
 
 
 class LineTooLongError(ValueError):
@@ -208,19 +234,23 @@ class PeerState:
     """What a supervisor publishes: its generation, its state and the epoch of its latest checkpoint (0: none)."""
 
     generation: int
-    state: str
+    state: State
     checkpoint: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state", State(self.state))
 
     def to_json(self) -> dict[str, Any]:
         """The state as it crosses the channel."""
-        return dataclasses.asdict(self)
+        return {"generation": self.generation, "state": self.state.value, "checkpoint": self.checkpoint}
 
     @classmethod
     def from_json(cls, data: Any) -> PeerState:
         """The state a peer sent; ValueError when it is not one."""
-        if not isinstance(data, dict) or data.get("state") not in STATES or not isinstance(data.get("generation"), int):
+        states = {state.value for state in State}
+        if not isinstance(data, dict) or data.get("state") not in states or not isinstance(data.get("generation"), int):
             raise ValueError(f"not a supervisor state: {data!r}")
-        return cls(data["generation"], data["state"], int(data.get("checkpoint") or 0))
+        return cls(data["generation"], State(data["state"]), int(data.get("checkpoint") or 0))
 
 
 class Control:
@@ -247,7 +277,7 @@ class Control:
         self._secret = check_secret(secret, "the control channel").encode()
         self.peers = list(peers)
         self.generation = 0
-        self.state = "starting"
+        self.state = State.STARTING
         # Peers last seen `done`: their supervisors end and stop answering, which is not a lost pod.
         self.finished: set[str] = set()
         # What each peer answered at the last `peer_states`.
@@ -418,9 +448,13 @@ class Control:
             checkpoint = 0
         return PeerState(self.generation, self.state, checkpoint)
 
-    def set(self, generation: int, state: str) -> None:
-        """Publishes this supervisor's generation and state to its peers."""
-        self.generation, self.state = generation, state
+    def set(self, generation: int, state: State | str) -> None:
+        """Publishes this supervisor's generation and state to its peers.
+
+        Raises:
+            ValueError: `state` is not a `State` (or a value of one).
+        """
+        self.generation, self.state = generation, State(state)
 
     def close(self, linger: float = 0.0) -> None:
         """Stops serving the control channel, after `linger` seconds in which peers can still read the final state.
@@ -472,7 +506,7 @@ class Control:
         """Each peer's state, or None when its supervisor does not answer; peers seen `done` are kept as finished."""
         states = {address: self.ask(address) for address in self.peers}
         for address, state in states.items():
-            if state is not None and state.state == "done":
+            if state is not None and state.state is State.DONE:
                 self.finished.add(address)
             elif state is not None:
                 self.finished.discard(address)
@@ -487,7 +521,9 @@ class Control:
         (join its generation).
         """
         generations = [
-            s.generation + (s.state in ("formed", "failed")) for s in self.peer_states().values() if s is not None
+            s.generation + (s.state in (State.FORMED, State.FAILED))
+            for s in self.peer_states().values()
+            if s is not None
         ]
         return max(generations, default=0)
 
@@ -502,13 +538,13 @@ class Control:
         """
         while True:
             states = self.peer_states()
-            done = [a for a, s in states.items() if a in self.finished and (s is None or s.state == "done")]
+            done = [a for a, s in states.items() if a in self.finished and (s is None or s.state is State.DONE)]
             if done:
                 raise PeerFinishedError(
                     f"generation {generation}: the peers at {', '.join(done)} finished successfully, so a restart "
                     "would wait for them forever; not restarting"
                 )
-            blocking = [a for a, s in states.items() if s is None or (s.generation < generation and s.state in LIVE)]
+            blocking = [a for a, s in states.items() if s is None or (s.generation < generation and s.state.is_live)]
             if not blocking:
                 return {a: s for a, s in states.items() if s is not None}
             if time.monotonic() >= deadline:
@@ -525,14 +561,14 @@ class Control:
     def failed_peer(self, generation: int) -> str | None:
         """The first peer whose attempt of this generation failed or that has moved on to a later one."""
         for address, s in self.peer_states().items():
-            if s and (s.generation > generation or (s.generation == generation and s.state == "failed")):
+            if s and (s.generation > generation or (s.generation == generation and s.state is State.FAILED)):
                 return address
         return None
 
     def fetching_peer(self, generation: int) -> str | None:
         """The first peer that, at the last `peer_states`, was receiving a checkpoint for this generation."""
         for address, s in self.last_states.items():
-            if s and s.generation == generation and s.state == "fetching":
+            if s and s.generation == generation and s.state is State.FETCHING:
                 return address
         return None
 
@@ -544,7 +580,7 @@ class Control:
         for address, s in self.peer_states().items():
             if s is None and address in self.finished:
                 continue
-            if s is None or s.generation > generation or (s.generation == generation and s.state == "failed"):
+            if s is None or s.generation > generation or (s.generation == generation and s.state is State.FAILED):
                 return address
         return None
 
@@ -601,15 +637,15 @@ def addresses(tf_config: Mapping[str, Any], text: str) -> dict[str, list[str]]:
     """
     cluster = tf_config["cluster"]
     if text.strip():
-        spec = tf_config_lib.validate_cluster(_parse(text))
+        spec = topology.validate_cluster(_parse(text))
         if {job: len(a) for job, a in spec.items()} != {job: len(a) for job, a in cluster.items()}:
             raise UsageError(f"{ADDRESSES_ENV} {text[:120]!r} does not have the shape of the TF_CONFIG cluster")
         return spec
-    spec = tf_config_lib.validate_cluster(
-        {job: [tf_config_lib.next_port(a) for a in addresses] for job, addresses in cluster.items()}
+    spec = topology.validate_cluster(
+        {job: [topology.next_port(a) for a in addresses] for job, addresses in cluster.items()}
     )
-    taken = set(tf_config_lib.task_order(cluster))
-    clashes = [a for a in tf_config_lib.task_order(spec) if a in taken]
+    taken = set(topology.task_order(cluster))
+    clashes = [a for a in topology.task_order(spec) if a in taken]
     if clashes:
         raise UsageError(
             f"control address {clashes[0]} (a task's TF port + 1) is another task's TF address; allowed: TF ports "

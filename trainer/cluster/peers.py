@@ -6,7 +6,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trainer.cluster.tf_config import Task, peers, split_address
+from trainer.cluster.topology import Task, peers, split_address
 
 
 def probe(address: str, timeout: float = 1.0) -> str | None:

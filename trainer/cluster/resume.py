@@ -46,6 +46,7 @@ from trainer.core.errors import (
 )
 from trainer.core.files import write_json
 from trainer.core.runs import is_run_key, run_key
+from trainer.core.tasks import TaskId
 from trainer.storage.locations import Location
 
 log = logging.getLogger(__name__)
@@ -93,8 +94,7 @@ class Manifest:
 
 def task_dir(tf_config: Mapping[str, Any] | None) -> str:
     """The home's name for this task: `worker-1`, `chief-0`; `worker-0` for a process without a cluster."""
-    task = tf_config["task"] if tf_config else {"type": "worker", "index": 0}
-    return f"{task['type']}-{task['index']}"
+    return TaskId.of(tf_config).directory
 
 
 class CheckpointHome:
@@ -493,9 +493,27 @@ def agree(own: int, peers: Mapping[str, int | None]) -> tuple[int, str | None]:
     return target, next(address for address, e in peers.items() if (e or 0) == target)
 
 
+# ROOT on a task's own disk, under its temporary directory: a pod's (lost with the pod), or this machine's.
+OWN_DISK_DIR = "tfjob-checkpoints"
+
+
+def root_of(checkpoint_dir: str, model_dir: str = "") -> str:
+    """ROOT, the one default for every task.
+
+    `checkpoint_dir` when set; else `MODEL_DIR.backup` beside the model directory the tasks share (`trainer-train`,
+    `trainer-launch`, a local pipeline); else, without one (a pod's artifact, a user's command), a directory on the
+    task's own disk (`OWN_DISK_DIR` under the temporary directory).
+    """
+    if checkpoint_dir.rstrip("/"):
+        return checkpoint_dir.rstrip("/")
+    if model_dir.rstrip("/"):
+        return f"{model_dir.rstrip('/')}.backup"
+    return os.path.join(tempfile.gettempdir(), OWN_DISK_DIR)
+
+
 def checkpoint_root(config: Any) -> str:
-    """ROOT: `checkpoint_dir` as the user or the step's defaults set it, else `MODEL_DIR.backup`."""
-    return (config.runtime.checkpoint_dir or f"{config.runtime.model_dir.rstrip('/')}.backup").rstrip("/")
+    """ROOT of a training config: `root_of` its `checkpoint_dir` and `model_dir`."""
+    return root_of(config.runtime.checkpoint_dir, config.runtime.model_dir)
 
 
 def home_for(config: Any, tf_config: Mapping[str, Any] | None) -> CheckpointHome:
@@ -566,7 +584,7 @@ def clean_before_training(root: str, run_id: str, tf_config: Mapping[str, Any] |
     """
     import time
 
-    from trainer.cluster.tf_config import is_chief
+    from trainer.cluster.topology import is_chief
     from trainer.core.errors import ServiceError
 
     if tf_config and not is_chief(tf_config):

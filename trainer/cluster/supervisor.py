@@ -23,6 +23,7 @@ stopped politely. The task therefore runs as a child of this small process (no T
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import itertools
 import json
 import logging
@@ -33,19 +34,20 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
-from trainer.cluster.control import PEER_POLL_SECONDS, SECRET_ENV, STALL_TIMEOUT, Control, check_secret
+from trainer.cluster import topology
+from trainer.cluster.control import PEER_POLL_SECONDS, STALL_TIMEOUT, Control, State
 from trainer.cluster.peers import unreachable
+from trainer.cluster.policy import CONTRACT, Decision, Readiness, RestartPolicy
 from trainer.cluster.resume import CheckpointHome, agree
-from trainer.cluster.tf_config import peers as peers_of
+from trainer.cluster.topology import tasks
 from trainer.core.errors import (
     EXIT_FAILED,
     EXIT_PEER_UNAVAILABLE,
     EXIT_STARTUP_TIMEOUT,
     EXIT_TERMINATED,
-    RETRYABLE_EXIT_CODES,
     PeerFinishedError,
     PeerUnavailableError,
     StartupTimeoutError,
@@ -53,6 +55,7 @@ from trainer.core.errors import (
     exit_code,
 )
 from trainer.core.processes import shell_code
+from trainer.core.tasks import TaskId
 
 log = logging.getLogger(__name__)
 
@@ -123,66 +126,76 @@ def _stop(child: subprocess.Popen[bytes], grace: float) -> None:
             continue
 
 
+@runtime_checkable
+class Watch(Protocol):
+    """What a task that serves until another is done watches (`trainer.cluster.chief.ChiefWatch`)."""
+
+    def over(self) -> bool:
+        """True once the job is over; raises (with its exit code) when it failed."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class SupervisedTask:
+    """What a supervisor runs, and by which rules: the data that differs between the trainer and a user's command.
+
+    Attributes:
+        command: the task's process's command line.
+        env: its environment (TF_CONFIG is added from `tf_config`).
+        tf_config: this task's TF_CONFIG dict; None for a single process.
+        startup_timeout: seconds the cluster may take to form, per generation.
+        restart: which exits restart the process in place, how many times, and whether an exit it does not retry
+            asks the peers first (`RestartPolicy.decide`).
+        readiness: how the supervisor learns that the cluster formed.
+        serves_until: for a process that serves until another task is done (a parameter server of a user's job,
+            which never exits on its own): polled once a second; True stops the process and ends the task with exit
+            0, an exception stops it and ends the task with the exception's exit code (no restart either way).
+    """
+
+    command: Sequence[str]
+    env: Mapping[str, str]
+    tf_config: Mapping[str, Any] | None
+    startup_timeout: float
+    restart: RestartPolicy = CONTRACT
+    readiness: Readiness = Readiness.REPORTED
+    serves_until: Watch | None = None
+
+    @property
+    def name(self) -> str:
+        """The task as log lines and errors name it (`worker 1`)."""
+        return TaskId.of(self.tf_config).name
+
+
 class Supervisor:
-    """Runs `command` as the training task described by `tf_config` and supervises it (see the module docstring)."""
+    """Runs a `SupervisedTask` and supervises it (see the module docstring)."""
 
     def __init__(
         self,
-        command: Sequence[str],
-        env: Mapping[str, str],
-        tf_config: Mapping[str, Any] | None,
-        startup_timeout: float,
-        max_restarts: int = 0,
+        task: SupervisedTask,
         control: Control | None = None,
-        grace: float = GRACE_SECONDS,
         home: CheckpointHome | None = None,
-        retryable: Callable[[int], bool] = RETRYABLE_EXIT_CODES.__contains__,
-        formed: Callable[[], bool] | None = None,
-        blame_peers: bool = False,
-        over: Callable[[], bool] | None = None,
+        grace: float = GRACE_SECONDS,
         handover_stall: float = STALL_TIMEOUT,
     ) -> None:
         """Sets up the supervision; `run` does it.
 
         Args:
-            command: the training process's command line.
-            env: its environment (TF_CONFIG is added from `tf_config`).
-            tf_config: this task's TF_CONFIG dict; None for a single process.
-            startup_timeout: seconds the cluster may take to form, per generation.
-            max_restarts: restarts in place after a retryable exit.
+            task: what to run, and by which rules.
             control: the control channel the workers' supervisors restart together through.
-            grace: seconds between SIGTERM and SIGKILL when stopping the child.
             home: this task's checkpoints, handed over between supervisors.
-            retryable: which exit codes restart the child (the contract's by default; a user's command follows its
-                TFJob restart policy).
-            formed: for a child that does not report that the cluster formed (a user's command), whether it has,
-                polled once a second (every task's TensorFlow port accepts connections).
-            blame_peers: for a child that cannot say that a lost peer made it fail (a user's command exits 1 with
-                TensorFlow's traceback): an exit its restart policy would not retry counts as a lost peer (exit 138)
-                when, within two seconds, a peer's supervisor reports its own failure or stops answering.
-            over: for a child that serves until another task is done (a parameter server of a user's job, which
-                never exits on its own): polled once a second; True stops the child and ends the task with exit 0,
-                an exception stops it and ends the task with the exception's exit code (no restart either way).
+            grace: seconds between SIGTERM and SIGKILL when stopping the process.
             handover_stall: seconds a checkpoint hand-over may go without receiving a byte, over every broken
                 connection and retry together, before it fails (exit 138). The hand-over has no total deadline.
         """
-        self.command = list(command)
-        self.env = dict(env)
-        self.tf_config = tf_config
-        self.startup_timeout = startup_timeout
-        self.max_restarts = max_restarts
+        self.task = task
         self.control = control
-        self.grace = grace
         self.home = home
-        self.retryable = retryable
-        self.formed = formed
-        self.blame_peers = blame_peers
-        self.over = over
+        self.grace = grace
         self.handover_stall = handover_stall
+        self.restarts = 0
         self._ended: int | None = None
         self._waited_for: set[tuple[int, str]] = set()
-        task = tf_config["task"] if tf_config else {"type": "worker", "index": 0}
-        self.name = f"{task['type']} {task['index']}"
+        self.name = task.name
 
     def run(self) -> int:
         """Supervises until the task succeeds, fails for good or is stopped; returns the exit code."""
@@ -190,7 +203,8 @@ class Supervisor:
             generation = self.control.first_generation() if self.control else 0
             self.restarts = 0
             while True:
-                deadline = time.monotonic() + self.startup_timeout
+                deadline = time.monotonic() + self.task.startup_timeout
+                exited = False
                 try:
                     resume, handed_over = self._resume_point(generation, deadline, signals)
                 except StartupTimeoutError as err:
@@ -208,15 +222,10 @@ class Supervisor:
                 else:
                     if handed_over:
                         # The hand-over had its own limit; forming the cluster gets the whole start-up timeout.
-                        deadline = time.monotonic() + self.startup_timeout
-                    code = self._attempt(generation, signals, resume, deadline)
-                if signals.received is not None:
-                    return 128 + signals.received
-                if self._ended is not None:
-                    return self._ended
-                if self.control:
-                    self.control.set(generation, "done" if code == 0 else "failed")
-                if code == 0 or not self.retryable(code) or self.restarts >= self.max_restarts:
+                        deadline = time.monotonic() + self.task.startup_timeout
+                    code, exited = self._attempt(generation, signals, resume, deadline)
+                decision, code = self._decide(code, exited, generation, signals)
+                if decision is not Decision.RESTART:
                     return code
                 self.restarts += 1
                 nxt = max(generation + 1, self.control.first_generation() if self.control else 0)
@@ -224,11 +233,32 @@ class Supervisor:
                     "%s: restart %d of %d in place (exit code %d); generation %d",
                     self.name,
                     self.restarts,
-                    self.max_restarts,
+                    self.task.restart.max_restarts,
                     code,
                     nxt,
                 )
                 generation = nxt
+
+    def _decide(self, code: int, exited: bool, generation: int, signals: _Signals) -> tuple[Decision, int]:
+        """What follows an attempt that ended with `code`, and the task's exit code: the supervisor's one policy.
+
+        A signal ends the task (128 + its number), and so does the end of what it serves until; otherwise the
+        task's `RestartPolicy` decides, after asking the peers when it says so and the process itself `exited`
+        (a code of 138 when a peer's supervisor reports its own failure, or stops answering, within two seconds).
+        The decision is published to the peers (`done` or `failed`).
+        """
+        decision = self.task.restart.decide(code, self.restarts)
+        if decision is Decision.ASK_PEERS:
+            if exited and self.control:
+                code = self._ask_peers(code, generation)
+            decision = self.task.restart.decide(code, self.restarts, peers_asked=True)
+        if signals.received is not None:
+            return Decision.FAIL, 128 + signals.received
+        if self._ended is not None:
+            return (Decision.FAIL if self._ended else Decision.SUCCEED), self._ended
+        if self.control:
+            self.control.set(generation, State.DONE if code == 0 else State.FAILED)
+        return decision, code
 
     def _resume_point(self, generation: int, deadline: float, signals: _Signals) -> tuple[int | None, bool]:
         """With a control channel: waits for the peers and agrees with them on the epoch to resume after.
@@ -242,12 +272,12 @@ class Supervisor:
         """
         if not self.control:
             return None, False
-        self.control.set(generation, "starting")
+        self.control.set(generation, State.STARTING)
         peers = self.control.barrier(generation, deadline)
         own = self.home.epoch() if self.home else 0
         epoch, source = agree(own, {a: s.checkpoint for a, s in peers.items()})
         if source and self.home:
-            self.control.set(generation, "fetching")
+            self.control.set(generation, State.FETCHING)
             self._hand_over(epoch, [a for a, s in peers.items() if s.checkpoint == epoch], signals)
         if epoch:
             how = f"handed over by {source}" if source else "its own"
@@ -302,17 +332,18 @@ class Supervisor:
                 check()
                 time.sleep(POLL_SECONDS)
 
-    def _attempt(self, generation: int, signals: _Signals, resume: int | None, deadline: float) -> int:
+    def _attempt(self, generation: int, signals: _Signals, resume: int | None, deadline: float) -> tuple[int, bool]:
+        """Runs one generation's process; its code, and whether the process exited by itself."""
         read_fd, write_fd = os.pipe()
-        env = dict(self.env, **{STATUS_FD_ENV: str(write_fd), SUPERVISOR_PID_ENV: str(os.getpid())})
-        if self.tf_config:
-            env["TF_CONFIG"] = json.dumps(dict(self.tf_config))
+        env = dict(self.task.env, **{STATUS_FD_ENV: str(write_fd), SUPERVISOR_PID_ENV: str(os.getpid())})
+        if self.task.tf_config:
+            env["TF_CONFIG"] = json.dumps(dict(self.task.tf_config))
         if resume is not None:
             env[RESUME_ENV] = str(resume)
-        child = subprocess.Popen(self.command, env=env, pass_fds=(write_fd,), start_new_session=True)
+        child = subprocess.Popen(list(self.task.command), env=env, pass_fds=(write_fd,), start_new_session=True)
         os.close(write_fd)
         if self.control:
-            self.control.set(generation, "running")
+            self.control.set(generation, State.RUNNING)
         try:
             return self._watch(child, read_fd, generation, signals, deadline)
         finally:
@@ -322,45 +353,46 @@ class Supervisor:
 
     def _watch(
         self, child: subprocess.Popen[bytes], read_fd: int, generation: int, signals: _Signals, deadline: float
-    ) -> int:
-        formed = self.tf_config is None
+    ) -> tuple[int, bool]:
+        formed = self.task.tf_config is None
+        probed = self.task.readiness is not Readiness.REPORTED
         next_peer_check = time.monotonic() + PEER_POLL_SECONDS
         next_formed_check = next_over_check = time.monotonic()
         while True:
             code = child.poll()
             if code is not None:
-                return self._exit(shell_code(code), generation)
+                return shell_code(code), True
             if signals.received is not None:
                 log.info("%s: received signal %d; stopping the training process", self.name, signals.received)
                 _stop(child, self.grace)
-                return EXIT_TERMINATED
-            if self.over and time.monotonic() >= next_over_check:
+                return EXIT_TERMINATED, False
+            if self.task.serves_until is not None and time.monotonic() >= next_over_check:
                 next_over_check = time.monotonic() + PEER_POLL_SECONDS
-                self._ended = self._over()
+                self._ended = self._over(self.task.serves_until)
                 if self._ended is not None:
                     _stop(child, self.grace)
-                    return self._ended
+                    return self._ended, False
             ready, _, _ = select.select([read_fd], [], [], POLL_SECONDS)
             now = time.monotonic()
             reported = ready and os.read(read_fd, 64).startswith(FORMED)
-            if not formed and self.formed and now >= next_formed_check:
+            if not formed and probed and now >= next_formed_check:
                 next_formed_check = now + PEER_POLL_SECONDS
-                reported = self.formed()
+                reported = self._probe()
             if reported and not formed:
                 formed = True
                 if self.control:
-                    self.control.set(generation, "formed")
+                    self.control.set(generation, State.FORMED)
             if not formed and now > deadline and self._handing_over(generation, refresh=True):
-                deadline = now + self.startup_timeout
+                deadline = now + self.task.startup_timeout
             if not formed and now > deadline:
                 self._startup_timeout()
                 _stop(child, 0)
-                return EXIT_STARTUP_TIMEOUT
+                return EXIT_STARTUP_TIMEOUT, False
             if self.control and now >= next_peer_check:
                 next_peer_check = now + PEER_POLL_SECONDS
                 peer = self.control.failed_peer(generation)
                 if not formed and self._handing_over(generation):
-                    deadline = max(deadline, now + self.startup_timeout)
+                    deadline = max(deadline, now + self.task.startup_timeout)
                 if peer:
                     print(
                         f"error: {self.name}: the supervisor at {peer} reports its training process failed or "
@@ -369,7 +401,14 @@ class Supervisor:
                         flush=True,
                     )
                     _stop(child, self.grace)
-                    return EXIT_PEER_UNAVAILABLE
+                    return EXIT_PEER_UNAVAILABLE, False
+
+    def _probe(self) -> bool:
+        """Whether the cluster formed, for a process that does not say so (`Readiness.PROBED`, `AT_START`)."""
+        if self.task.readiness is Readiness.AT_START or not self.task.tf_config:
+            return True
+        training = [t for t in tasks(self.task.tf_config["cluster"]) if t.job != "evaluator"]
+        return not unreachable(training)
 
     def _handing_over(self, generation: int, refresh: bool = False) -> bool:
         """Whether a peer is receiving a checkpoint for this generation.
@@ -391,18 +430,17 @@ class Supervisor:
             )
         return peer is not None
 
-    def _over(self) -> int | None:
-        """The task's exit code once `over` says the job is over (0) or raises (its code); None meanwhile."""
+    def _over(self, watch: Watch) -> int | None:
+        """The task's exit code once `watch` says the job is over (0) or raises (its code); None meanwhile."""
         try:
-            return 0 if self.over() else None
+            return 0 if watch.over() else None
         except Exception as err:
             print(f"error: {err}", file=sys.stderr, flush=True)
             return exit_code(err)
 
-    def _exit(self, code: int, generation: int) -> int:
-        """The child's exit code, or 138 when `blame_peers` finds a peer lost at the same time (see `__init__`)."""
-        if not code or self.retryable(code) or not (self.blame_peers and self.control):
-            return code
+    def _ask_peers(self, code: int, generation: int) -> int:
+        """138 when, within two seconds, a peer's supervisor reports its own failure or stops answering; else `code`."""
+        assert self.control
         deadline = time.monotonic() + 2 * PEER_POLL_SECONDS
         while (peer := self.control.lost_peer(generation)) is None and time.monotonic() < deadline:
             time.sleep(POLL_SECONDS)
@@ -417,7 +455,7 @@ class Supervisor:
         return EXIT_PEER_UNAVAILABLE
 
     def _startup_timeout(self) -> None:
-        peers = peers_of(self.tf_config) if self.tf_config else []
+        peers = topology.peers(self.task.tf_config) if self.task.tf_config else []
         missing = unreachable(peers)
         if missing:
             detail = "unreachable: " + "; ".join(missing)
@@ -428,55 +466,7 @@ class Supervisor:
                 + ")"
             )
         print(
-            f"error: {self.name}: cluster start-up did not finish within {self.startup_timeout:g}s; {detail}",
+            f"error: {self.name}: cluster start-up did not finish within {self.task.startup_timeout:g}s; {detail}",
             file=sys.stderr,
             flush=True,
         )
-
-
-def supervise(
-    config: Any,
-    tf_config: Mapping[str, Any],
-    control_spec: Mapping[str, Sequence[str]] | None = None,
-    env: Mapping[str, str] | None = None,
-    secret: str = "",
-) -> int:
-    """Runs the training task `tf_config` describes in a supervised child process; returns its exit code.
-
-    Args:
-        config: the task's `TrainConfig` (handed to the child as JSON).
-        tf_config: this task's TF_CONFIG dict.
-        control_spec: the supervisors' control addresses, shaped like the cluster; with it (and restarts allowed)
-            the workers converge on each restart and agree on the epoch to resume after.
-        env: the child's environment (default: this process's).
-        secret: the run's control secret (the cluster record's); empty: `TRAINER_CONTROL_SECRET` of `env`, which
-            the child does not inherit.
-
-    Raises:
-        UsageError: the control channel is needed and no secret of the run is given.
-    """
-    from trainer.cluster.resume import checkpoint_root, clean_before_training, home_for
-
-    clean_before_training(checkpoint_root(config), config.runtime.run_id, tf_config)
-    child_env = dict(os.environ if env is None else env, **{CONFIG_ENV: json.dumps(config.to_dict())})
-    secret = secret or child_env.pop(SECRET_ENV, "")
-    child_env.pop(SECRET_ENV, None)
-    control = None
-    home = None
-    if control_spec and config.cluster.max_restarts and config.cluster.strategy == "multi_worker_mirrored":
-        secret = check_secret(secret, f"the environment variable {SECRET_ENV}")
-        home = home_for(config, tf_config)
-        control = Control.of_task(control_spec, tf_config, home.epoch, home.send, secret=secret)
-    try:
-        return Supervisor(
-            [sys.executable, "-m", "trainer.training.task"],
-            child_env,
-            tf_config,
-            config.cluster.startup_timeout,
-            config.cluster.max_restarts,
-            control,
-            home=home,
-        ).run()
-    finally:
-        if control:
-            control.close()

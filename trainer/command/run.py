@@ -1,5 +1,8 @@
 """Runs a user's own command as one task of a TFJob-shaped cluster, under this project's supervisor.
 
+`Command` is the task's work in the one task lifecycle (`trainer.cluster.lifecycle`), which this project's trainer
+goes through as well; the pipeline's step is `trainer.steps.command_task`.
+
 The task gets what TFJob gave it (TF_CONFIG as the operator built it, restarts by its replica's `restartPolicy`) and
 what this project adds: a Service per task and peer waits that name what is missing (Kubernetes mode), a start-up
 watchdog, prompt cancel on SIGTERM, restarts in place that every worker makes together (the control channel), and
@@ -15,77 +18,38 @@ TensorFlow threads sized to the pod's CPU. Its environment also names where to w
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trainer.cluster import tf_config as cluster_lib
-from trainer.cluster.record import ClusterRecord
-from trainer.cluster.resume import clean_before_training
-from trainer.command import tfjob
+from trainer.cluster import topology
+from trainer.cluster.cluster_record import TaskRecord
+from trainer.cluster.lifecycle import Member, Plan, status_location
+from trainer.cluster.policy import Readiness
+from trainer.cluster.resume import clean_before_training, root_of
+from trainer.cluster.status import ChiefState
+from trainer.cluster.supervisor import SupervisedTask
+from trainer.command import tfjob_spec
 from trainer.command.exec import WORKDIR_ENV
-from trainer.command.record import JobRecord, reported_metrics
-from trainer.config import registry as settings
+from trainer.config import settings
 from trainer.core import cpus
-from trainer.core.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, RETRYABLE_EXIT_CODES, TaskFailedError, UsageError
-from trainer.core.files import write_json
+from trainer.core.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, TaskFailedError, UsageError
 from trainer.core.runs import run_key
+from trainer.records.job import JobRecord, reported_metrics
 
 log = logging.getLogger(__name__)
 
 MODEL_DIR_ENV = "MODEL_DIR"
 CHECKPOINT_DIR_ENV = "CHECKPOINT_DIR"
 DEFAULT_SAVED_MODEL = f"$({MODEL_DIR_ENV})/saved_model"
-WORKER_FILE = "worker.json"
+EXEC = (sys.executable, "-m", "trainer.command.exec")
 LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
-
-
-def create_job_cluster(
-    output_dir: str,
-    run_id: str,
-    chief: bool,
-    num_workers: int,
-    cluster_mode: str,
-    port: int,
-    num_ps: int = 0,
-    evaluator: bool = False,
-) -> ClusterRecord:
-    """Gives every task of a job an address and a control address and writes cluster.json (as `create_cluster`).
-
-    The Evaluator is in the cluster of TF_CONFIG, as the operator put it there (`genClusterSpec`); its control
-    address is never served or asked (it never restarts with the training tasks). The record holds a fresh secret
-    for the job's control channel.
-    """
-    from trainer.cluster.local import free_ports
-    from trainer.k8s import objects as k8s
-
-    settings.check("cluster_mode", cluster_mode)
-    settings.check("port", port)
-    training = num_workers + num_ps + (1 if chief else 0)
-    total = training + (1 if evaluator else 0)
-    if cluster_mode == "local":
-        ports = free_ports(2 * total)
-        addresses = [f"localhost:{p}" for p in ports[:total]]
-        control = [f"localhost:{p}" for p in ports[total:]]
-    else:
-        addresses = k8s.task_addresses(run_id, total, k8s.namespace(), port)
-        control = [cluster_lib.next_port(a) for a in addresses]
-    # assign_addresses names a lone task `worker`, and makes the first of several tasks the chief only when asked.
-    cluster = cluster_lib.assign_addresses(addresses[:training], num_workers, num_ps, chief=chief)
-    spec = cluster_lib.assign_addresses(control[:training], num_workers, num_ps, chief=chief)
-    if chief and not num_workers and not num_ps:
-        cluster, spec = {"chief": cluster["chief"]}, {"chief": spec["chief"]}
-    if evaluator:
-        cluster["evaluator"], spec["evaluator"] = addresses[training:], control[training:]
-    record = ClusterRecord.new(cluster, spec, cluster_mode)
-    record.write(output_dir)
-    return record
 
 
 def task_environment(
@@ -101,7 +65,7 @@ def task_environment(
     env[MODEL_DIR_ENV] = model_dir
     env[CHECKPOINT_DIR_ENV] = checkpoint_dir
     for name, value in user.items() if isinstance(user, Mapping) else user:
-        env[name] = tfjob.expand(value, env)
+        env[name] = tfjob_spec.expand(value, env)
     # tf.keras as tf-keras (Keras 2), as TFJob-era scripts wrote it: Keras 3's fit fails under
     # MultiWorkerMirroredStrategy (keras-team/keras#20585). A replica may set it to 0.
     env.setdefault(LEGACY_KERAS_ENV, "1")
@@ -112,32 +76,13 @@ def task_environment(
     return env
 
 
-def _checkpoint_root(checkpoint_dir: str) -> str:
-    """`checkpoint_dir` when set, else a directory on the task's own disk (shared by local tasks)."""
-    return checkpoint_dir.rstrip("/") or os.path.join(tempfile.gettempdir(), "tfjob-checkpoints")
-
-
 def _checkpoint_dir(checkpoint_dir: str, run_id: str) -> str:
     """The command's `CHECKPOINT_DIR`: this run's own directory under the root, `ROOT/<run key>`.
 
     A retried or replaced task of the run finds what its command wrote there; a later run with the same
     `checkpoint_dir` starts with an empty one.
     """
-    return f"{_checkpoint_root(checkpoint_dir)}/{run_key(run_id)}"
-
-
-def status_uri(cluster_mode: str, run_id: str) -> str:
-    """Where the chief of a job with parameter servers keeps its status.
-
-    A ConfigMap of the run in Kubernetes mode, else a file of the run on this machine (local tasks share its disk).
-    """
-    from trainer.k8s import objects as k8s
-    from trainer.k8s import status as configmap_status
-    from trainer.storage import status
-
-    if cluster_mode == "kubernetes":
-        return status.CONFIGMAP + configmap_status.configmap_name(run_id)
-    return os.path.join(tempfile.gettempdir(), "tfjob-status", f"{k8s.run_key(run_id)}.json")
+    return f"{root_of(checkpoint_dir)}/{run_key(run_id)}"
 
 
 def _keep_model(model_dir: str, saved_model: str) -> None:
@@ -152,12 +97,6 @@ def _keep_model(model_dir: str, saved_model: str) -> None:
         shutil.copytree(saved_model, target, dirs_exist_ok=True)
 
 
-def _succeed(code: int) -> None:
-    """Raises TaskFailedError for a failed supervised command (it wrote its own `error:` line)."""
-    if code:
-        raise TaskFailedError(code)
-
-
 # A chief that is keeping its model has not written its final state yet: how long a failed peer waits for it.
 FINAL_STATE_SECONDS = 10.0
 
@@ -168,9 +107,9 @@ def _chief_succeeded(store: Any, seconds: float) -> bool:
 
     deadline = time.monotonic() + seconds
     while True:
-        state = (store.read() or {}).get("state")
-        if state != "running" or time.monotonic() >= deadline:
-            return state == "succeeded"
+        status = store.read_status()
+        if status is None or status.state.is_terminal or time.monotonic() >= deadline:
+            return status is not None and status.state is ChiefState.SUCCEEDED
         time.sleep(POLL_INTERVAL)
 
 
@@ -201,27 +140,9 @@ def _after_the_chief(store: Any, code: int, name: str, evaluator: bool, startup_
     return 0
 
 
-def command_task(
-    cluster_dir: str,
-    task_type: str,
-    index: int,
-    model_dir: str,
-    run_id: str,
-    command: Sequence[str],
-    env: Sequence[Sequence[str]] | Mapping[str, str],
-    restart_policy: str,
-    saved_model: str,
-    image: str,
-    startup_timeout: float,
-    unschedulable_timeout: float,
-    max_restarts: int,
-    checkpoint_dir: str,
-    cluster_mode: str,
-    chief_timeout: float = settings.default("chief_timeout"),
-    working_dir: str = "",
-    success_policy: str = "",
-) -> dict[str, Any]:
-    """Runs `command` as task `task_type`:`index` of the run's job under the supervisor; returns the Model metadata.
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """A user's command as one task of a TFJob-shaped job: what the task's work is in the lifecycle.
 
     A job of one task in total gets no TF_CONFIG and waits for nothing, as under the operator (`isDistributed`).
     In a job of several, the chief publishes its status while it runs (`trainer.cluster.chief`): the ps and worker
@@ -232,121 +153,118 @@ def command_task(
     succeeded ends 0. Each task restarts by its replica's restart policy, as TFJob's did; a MultiWorkerMirrored
     job's tasks restart together.
 
-    Raises:
-        UsageError: a bad setting, or a chief that wrote no SavedModel; nothing was started or kept.
-        TaskFailedError: the command failed for good; its exit code is kept.
+    Attributes:
+        command: the replica's command and args; `$(NAME)` is expanded from the environment as in a pod.
+        env: the replica's environment variables in the manifest's order (`task_environment`).
+        model_dir: this task's model directory (`MODEL_DIR`).
+        run_id: the pipeline run's id.
+        restart_policy: the replica's TFJob restartPolicy (`tfjob.RESTART_POLICIES`).
+        saved_model: where the chief's command writes its SavedModel (empty: `$(MODEL_DIR)/saved_model`).
+        image: the replica's image, recorded in the model's lineage.
+        startup_timeout: seconds the cluster may take to form.
+        max_restarts: restarts in place by the restart policy.
+        checkpoint_dir: the root of `CHECKPOINT_DIR` (empty: the task's own disk).
+        cluster_mode: kubernetes or local.
+        chief_timeout: seconds the servers keep serving after the chief's heartbeat stops.
+        working_dir: the directory the command runs in (empty: the image's).
+        success_policy: the TFJob's successPolicy: empty (the chief's success is the job's) or AllWorkers.
     """
-    from trainer.cluster.chief import ChiefWatch, StatusPublisher
-    from trainer.cluster.control import PEER_POLL_SECONDS, Control
-    from trainer.cluster.peers import unreachable
-    from trainer.cluster.supervisor import Supervisor
-    from trainer.k8s import discovery
-    from trainer.storage.status import open_status
 
-    for name, value in (
-        ("startup_timeout", startup_timeout),
-        ("unschedulable_timeout", unschedulable_timeout),
-        ("max_restarts", max_restarts),
-        ("checkpoint_dir", checkpoint_dir),
-        ("cluster_mode", cluster_mode),
-        ("chief_timeout", chief_timeout),
-    ):
-        settings.check(name, value)
-    retryable = tfjob.retryable(restart_policy)
-    if success_policy not in tfjob.SUCCESS_POLICIES:
-        raise UsageError(f"success_policy {success_policy!r} is not allowed; allowed: AllWorkers or empty")
-    if not command:
-        raise UsageError("the command is empty; give the replica's command and args")
-    if working_dir and not os.path.isabs(working_dir):
-        raise UsageError(f"working_dir {working_dir!r} is not allowed; allowed: an absolute path, or empty")
-    record = ClusterRecord.read(cluster_dir)
-    tf_config = tfjob.tf_config(record.cluster, task_type, index)
-    name = f"{task_type} {index}"
-    os.makedirs(model_dir, exist_ok=True)
-    environment = task_environment(os.environ, env, model_dir, _checkpoint_dir(checkpoint_dir, run_id))
-    if task_type != "evaluator":
-        clean_before_training(_checkpoint_root(checkpoint_dir), run_id, tf_config, remove=False)
-    argv = [tfjob.expand(part, environment) for part in command]
-    evaluator = task_type == "evaluator"
-    training = [t for t in cluster_lib.tasks(record.cluster) if t.job != "evaluator"]
-    distributed = tf_config is not None
-    log.info(
-        "%s runs %s with %s",
-        name,
-        json.dumps(argv),
-        f"TF_CONFIG {json.dumps(tf_config)}" if distributed else "no TF_CONFIG (one task in all, as under TFJob)",
-    )
-    if cluster_mode == "kubernetes" and not checkpoint_dir and len(training) > 1 and not evaluator:
-        log.warning(
-            "%s: CHECKPOINT_DIR %s is on this pod's own disk: restarts in place keep it, but a lost pod's "
-            "replacement starts without it and cannot resume with its peers; set checkpoint_dir (or a claim) to "
-            "a location every task shares (docs/migrate-from-tfjob.md)",
-            name,
-            environment[CHECKPOINT_DIR_ENV],
+    command: Sequence[str]
+    env: Sequence[Sequence[str]] | Mapping[str, str]
+    model_dir: str
+    run_id: str
+    restart_policy: str
+    saved_model: str
+    image: str
+    startup_timeout: float
+    max_restarts: int
+    checkpoint_dir: str
+    cluster_mode: str
+    chief_timeout: float = settings.default("chief_timeout")
+    working_dir: str = ""
+    success_policy: str = ""
+
+    def check(self) -> None:
+        """Refuses a bad setting before anything is read or started.
+
+        Raises:
+            UsageError: one line naming the value and what is allowed.
+        """
+        for name in ("startup_timeout", "max_restarts", "checkpoint_dir", "cluster_mode", "chief_timeout"):
+            settings.check(name, getattr(self, name))
+        tfjob_spec.restart_policy(self.restart_policy)
+        if self.success_policy not in tfjob_spec.SUCCESS_POLICIES:
+            raise UsageError(f"success_policy {self.success_policy!r} is not allowed; allowed: AllWorkers or empty")
+        if not self.command:
+            raise UsageError("the command is empty; give the replica's command and args")
+        if self.working_dir and not os.path.isabs(self.working_dir):
+            raise UsageError(f"working_dir {self.working_dir!r} is not allowed; allowed: an absolute path, or empty")
+
+    def plan(self, member: Member) -> Plan:
+        """The command under the supervisor: its environment, restart policy, readiness and what it serves until."""
+        from trainer.cluster.chief import ChiefWatch, open_status
+
+        tf_config, name = member.tf_config, member.name
+        os.makedirs(self.model_dir, exist_ok=True)
+        environment = task_environment(
+            os.environ, self.env, self.model_dir, _checkpoint_dir(self.checkpoint_dir, self.run_id)
         )
-    servers = "ps" in record.cluster
-    together = distributed and record.control and max_restarts and not servers and not evaluator
-    training_control = {job: a for job, a in record.control.items() if job != "evaluator"}
-    control = Control.of_task(training_control, tf_config, secret=record.secret) if together else None
-    chief = cluster_lib.is_chief(tf_config) and not evaluator
-    store = open_status(status_uri(cluster_mode, run_id), run_id) if distributed else None
-    # Its clocks start at its first read, once this task has joined the cluster.
-    over = (
-        ChiefWatch(store, startup_timeout, chief_timeout, name).over if (servers and not chief) or evaluator else None
-    )
-    kubernetes = cluster_mode == "kubernetes" and distributed
-    # The training tasks neither wait for the evaluator's name nor need it; the evaluator waits for theirs.
-    joined = record.cluster if evaluator else {job: a for job, a in record.cluster.items() if job != "evaluator"}
-    position = (
-        discovery.join_cluster(joined, task_type, index, run_id, startup_timeout, unschedulable_timeout)
-        if kubernetes
-        else None
-    )
-    supervisor = Supervisor(
-        [sys.executable, "-m", "trainer.command.exec", *argv],
-        dict(environment, **({WORKDIR_ENV: working_dir} if working_dir else {})),
-        tf_config,
-        startup_timeout,
-        max_restarts,
-        control,
-        retryable=retryable,
-        formed=(lambda: True) if evaluator else lambda: not unreachable(training),
-        blame_peers=True,
-        over=over,
-    )
+        if not member.evaluator:
+            clean_before_training(root_of(self.checkpoint_dir), self.run_id, tf_config, remove=False)
+        argv = [tfjob_spec.expand(part, environment) for part in self.command]
+        log.info(
+            "%s runs %s with %s",
+            name,
+            json.dumps(argv),
+            f"TF_CONFIG {json.dumps(tf_config)}" if tf_config else "no TF_CONFIG (one task in all, as under TFJob)",
+        )
+        training = [t for t in topology.tasks(tf_config["cluster"]) if t.job != "evaluator"] if tf_config else []
+        if self.cluster_mode == "kubernetes" and not self.checkpoint_dir and len(training) > 1 and not member.evaluator:
+            log.warning(
+                "%s: CHECKPOINT_DIR %s is on this pod's own disk: restarts in place keep it, but a lost pod's "
+                "replacement starts without it and cannot resume with its peers; set checkpoint_dir (or a claim) to "
+                "a location every task shares (docs/migrate-from-tfjob.md)",
+                name,
+                environment[CHECKPOINT_DIR_ENV],
+            )
+        store = open_status(status_location("", self.cluster_mode, self.run_id), self.run_id) if tf_config else None
+        # Its clocks start at its first read, once this task has joined the cluster.
+        serves = (member.parameter_servers and not member.chief) or member.evaluator
+        task = SupervisedTask(
+            (*EXEC, *argv),
+            dict(environment, **({WORKDIR_ENV: self.working_dir} if self.working_dir else {})),
+            tf_config,
+            self.startup_timeout,
+            tfjob_spec.restart_policy(self.restart_policy).limited(self.max_restarts),
+            Readiness.AT_START if member.evaluator else Readiness.PROBED,
+            ChiefWatch(store, self.startup_timeout, self.chief_timeout, name) if serves else None,
+        )
+        control = member.channel(self.max_restarts, environment)
+        return Plan(task, control, status=store, publishes=store is not None and member.chief)
 
-    def result(code: int) -> dict[str, Any]:
+    def produce(self, member: Member, plan: Plan, code: int, restarts: int) -> dict[str, Any]:
+        """The chief keeps its model and writes job.json; any other task its `TaskRecord`.
+
+        Raises:
+            UsageError: the chief wrote no SavedModel.
+            TaskFailedError: the command failed for good (it wrote its own `error:` line); its exit code is kept.
+        """
         stopped = code in (EXIT_TERMINATED, EXIT_INTERRUPTED)
-        chiefs = evaluator or not success_policy or "chief" in record.cluster
-        if code and not stopped and store is not None and not chief and chiefs:
-            code = _after_the_chief(store, code, name, evaluator, startup_timeout, chief_timeout)
-        _succeed(code)
-        if not chief:
-            write_json(os.path.join(model_dir, WORKER_FILE), {"task": f"{task_type}:{index}", "chief": False})
-            return {"task": f"{task_type}:{index}", "chief": False}
-        _keep_model(model_dir, tfjob.expand(saved_model or DEFAULT_SAVED_MODEL, environment))
-        metrics = reported_metrics(model_dir)
-        JobRecord(run_id, f"{task_type}:{index}", tuple(argv), image, supervisor.restarts, metrics).write(model_dir)
-        return {"task": f"{task_type}:{index}", "chief": True, **metrics}
-
-    succeeded = False
-    try:
-        if not (store is not None and chief):
-            outcome = result(supervisor.run())
-            succeeded = True
-            return outcome
-        # The other tasks go by the chief's final state: "succeeded" once its model is kept, "failed" when it failed
-        # for good. Killed, lost or stopped (a drained node), it leaves no final state: KFP's retry may bring it
-        # back within chief_timeout, while the others keep waiting.
-        with StatusPublisher(store) as status:
-            code = supervisor.run()
-            if code in RETRYABLE_EXIT_CODES:
-                status.abandon()
-            outcome = result(code)
-            succeeded = True
-            return outcome
-    finally:
-        if control:
-            control.close(linger=2.5 * PEER_POLL_SECONDS if succeeded else 0.0)
-        if kubernetes:
-            discovery.leave_cluster(run_id, position)
+        if code and not stopped and plan.status is not None and not member.chief:
+            chiefs = member.evaluator or not self.success_policy or "chief" in member.tf_config["cluster"]
+            if chiefs:
+                code = _after_the_chief(
+                    plan.status, code, member.name, member.evaluator, self.startup_timeout, self.chief_timeout
+                )
+        if code:
+            raise TaskFailedError(code)
+        if not member.chief:
+            record = TaskRecord.of(member.job, member.index)
+            record.write(self.model_dir)
+            return record.to_json()
+        _keep_model(self.model_dir, tfjob_spec.expand(self.saved_model or DEFAULT_SAVED_MODEL, plan.task.env))
+        metrics = reported_metrics(self.model_dir)
+        argv = tuple(plan.task.command[len(EXEC) :])
+        JobRecord(self.run_id, member.label, argv, self.image, restarts, metrics).write(self.model_dir)
+        return {"task": member.label, "chief": True, **metrics}

@@ -14,12 +14,11 @@ from collections.abc import Callable
 from typing import Any
 
 from trainer.core.errors import UsageError
+from trainer.core.functions import is_function
 
 SOURCE_FORMS = (
     "'sample', 'idx:DIR_OR_URI', a TFDS name such as 'mnist' or 'tfds:fashion_mnist', or 'fn:package.module:function'"
 )
-FUNCTION_FORM = "package.module:function (a function importable in the image)"
-_FUNCTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 _DNS_SUBDOMAIN = re.compile(r"^$|^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _SERVING_NAME = re.compile(r"^([a-z]([-a-z0-9]*[a-z0-9])?)?$")
 _IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
@@ -125,11 +124,6 @@ def is_source(value: Any) -> bool:
     if value.startswith("fn:"):
         return is_function(value[3:])
     return bool(_TFDS_NAME.match(value[5:] if value.startswith("tfds:") else value))
-
-
-def is_function(value: Any) -> bool:
-    """Whether `value` names a function as `package.module:function`."""
-    return isinstance(value, str) and bool(_FUNCTION.match(value))
 
 
 def dns_subdomain_or_empty(what: str) -> Check:

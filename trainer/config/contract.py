@@ -2,7 +2,7 @@
 
 Each setting is a field of a frozen dataclass with its type, default, help text and the values it allows. The
 trainer CLIs' flags (`trainer.config.flags`), the components' and the pipeline's parameter defaults and descriptions
-(`components.contract`) are derived from these declarations; `components.contract.PIPELINE_OVERRIDES` lists the
+(`components.signatures`) are derived from these declarations; `components.signatures.PIPELINE_OVERRIDES` lists the
 few defaults a pipeline run on a cluster changes, each with its reason. Construction checks every field, so a
 config that exists is valid.
 """
@@ -15,7 +15,6 @@ from typing import Any
 
 from trainer.config.checks import (
     FLAG,
-    FUNCTION_FORM,
     GATE_FORM,
     SOURCE_FORMS,
     Check,
@@ -25,7 +24,6 @@ from trainer.config.checks import (
     dns_subdomain_or_empty,
     image_tag,
     int_between,
-    is_function,
     is_source,
     kserve_name_or_empty,
     location,
@@ -37,6 +35,7 @@ from trainer.config.checks import (
     text,
 )
 from trainer.core.errors import UsageError
+from trainer.core.functions import FUNCTION_FORM, is_function
 
 STRATEGIES = ("multi_worker_mirrored", "parameter_server")
 CLUSTER_MODES = ("kubernetes", "local")
@@ -89,6 +88,13 @@ class ModelConfig(Checked):
         "built-in CNN for image classification",
         check=Check(lambda v: v == "" or is_function(v), f"empty or {FUNCTION_FORM}"),
     )
+    mixed_precision: str = setting(
+        "",
+        "'mixed_float16': compute in float16 with float32 variables (the tf-keras global policy, set before the "
+        "model is built, so a model_fn's layers follow it too); multi_worker_mirrored only, and only on workers "
+        "with GPUs; empty: float32",
+        check=one_of("", "mixed_float16"),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,13 +104,14 @@ class OptimConfig(Checked):
     epochs: int = setting(12, "passes over the training data", check=int_between(1, 100_000))
     batch_size: int = setting(
         64,
-        "examples per worker per step; the global batch is this times the number of workers",
+        "examples per replica per step (a replica is a worker, or each GPU of a worker with GPUs); the global "
+        "batch is this times the replicas (workers x GPUs per worker)",
         check=int_between(1, 65_536),
     )
     learning_rate: float = setting(
         0.002,
-        "peak Adam learning rate for one worker, cosine-decayed to 5% over the run; multi_worker_mirrored scales "
-        "it by sqrt(workers) (its global batch grows with them), parameter_server does not (a step is one "
+        "peak Adam learning rate for one replica, decayed along a cosine to 5% over the run; multi_worker_mirrored "
+        "scales it by sqrt(replicas) (its global batch grows with them), parameter_server does not (a step is one "
         "worker's batch)",
         check=number_between(1e-9, 10),
     )

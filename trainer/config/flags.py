@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from trainer.config import registry as settings
+from trainer.config import settings
 from trainer.core.errors import UsageError
 
 _TYPES = {"int": int, "float": float, "str": str, "bool": bool}

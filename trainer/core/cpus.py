@@ -179,3 +179,17 @@ def shares(
     if sets:
         return [Share(cpus, len(cpus)) for cpus in sets]
     return [Share(None, max(1, math.floor(budget.cpus / tasks + 1e-9))) for _ in range(tasks)]
+
+
+# Host threads a GPU keeps busy launching its kernels and copying its batches (TensorFlow's GPU runtime; two is
+# TF_GPU_THREAD_COUNT's default in its gpu_private mode).
+GPU_HOST_THREADS = 2
+
+
+def input_threads(threads: int, gpus: int) -> int:
+    """The size of tf.data's thread pool on a worker with `threads` CPU threads and `gpus` GPUs.
+
+    On CPU the model and the input pipeline share the threads (all of them). With GPUs the model runs on the GPUs and
+    the CPUs feed them: every thread but `GPU_HOST_THREADS` per GPU reads and decodes batches (at least one).
+    """
+    return threads if not gpus else max(1, threads - GPU_HOST_THREADS * gpus)

@@ -1,7 +1,7 @@
 """Write-then-rename helpers, so a failed step never leaves a half-written artifact at its output path.
 
 A write that fails for a reason of the disk or the store (no space, a refusal, a quota, a throttled store) raises
-the fault that names it (`trainer.storage.faults.classify`: exit 3, 4, 5 or 142), after the temporary copy is
+the fault that names it (`trainer.core.faults.classify`: exit 3, 4, 5 or 142), after the temporary copy is
 removed.
 """
 
@@ -57,8 +57,8 @@ def check_writable_parent(path: str) -> None:
 
 
 def _named(err: BaseException, path: str) -> BaseException:
-    """The storage fault `err` is while writing `path` (`trainer.storage.faults`), else `err` itself."""
-    from trainer.storage.faults import classify
+    """The storage fault `err` is while writing `path` (`trainer.core.faults`), else `err` itself."""
+    from trainer.core.faults import classify
 
     return classify(err, f"write {path!r}", store_operation=True) or err
 

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable
 from typing import Any
 
-from trainer.config.checks import FUNCTION_FORM, is_function
 from trainer.core.errors import UsageError
 from trainer.core.user_errors import one_line
+
+FUNCTION_FORM = "package.module:function (a function importable in the image)"
+_FUNCTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def is_function(value: Any) -> bool:
+    """Whether `value` names a function as `package.module:function`."""
+    return isinstance(value, str) and bool(_FUNCTION.match(value))
 
 
 def load(spec: str, named_by: str) -> Callable[..., Any]:

@@ -119,7 +119,7 @@ def memory_limit(proc: str | os.PathLike[str] = "/proc", env: Mapping[str, str] 
     """
     env = os.environ if env is None else env
     if env.get(LIMIT_ENV, "").strip():
-        from trainer.k8s.quantity import parse
+        from trainer.core.quantity import parse
 
         amount = int(parse(env[LIMIT_ENV], LIMIT_ENV))
         if amount < 1:

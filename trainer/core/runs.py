@@ -47,3 +47,13 @@ def run_status_uri(uri: str, run_id: str) -> str:
         return f"{uri}-{key}"
     head, sep, name = uri.rstrip("/").rpartition("/")
     return f"{head}{sep}{key}/{name}"
+
+
+def run_log_dir(tensorboard_dir: str, run_id: str) -> str:
+    """Where one run's event files go: `tensorboard_dir/<run_id>` (or `tensorboard_dir` itself without a run id).
+
+    Each run is one TensorBoard "run" with a `train` and, when validating, a `validation` subdirectory, so
+    TensorBoard draws both on one chart and every retrain appears beside the earlier ones.
+    """
+    root = tensorboard_dir.rstrip("/")
+    return f"{root}/{run_id}" if run_id else root

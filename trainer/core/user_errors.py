@@ -4,13 +4,13 @@
 | ------------------------------------------------------------------------ | --------------------- | ------------- |
 | OSError (IOError, ConnectionError, TimeoutError, ...) other than below;  | transient: retried    | 142 after the |
 | tf.errors.UnavailableError, DeadlineExceededError; a store's throttling  | with backoff          | last attempt  |
-| no space left, permission denied, quota exceeded (`trainer.storage.faults`) | a storage fault    | 3, 4, 5       |
+| no space left, permission denied, quota exceeded (`trainer.core.faults`) | a storage fault    | 3, 4, 5       |
 | FileNotFoundError, NotADirectoryError, IsADirectoryError; anything else: | bad input             | 2             |
 | TypeError, ValueError, AttributeError, ImportError, a wrong return, ...  |                       |               |
 
 An error TensorFlow raises while it reads your dataset (`tf.data` runs your generator or `py_function` in its own
 threads) carries your exception only as text ("UnknownError: ... ConnectionError: peer reset"): it is judged by the
-exception's name in that text. A transient error is retried as the store operations are (`trainer.storage.faults`:
+exception's name in that text. A transient error is retried as the store operations are (`trainer.core.faults`:
 `ATTEMPTS` attempts, 1 s doubling to 8 s with jitter between them); one that lasts ends the step with
 StoreUnavailableError (142), which the supervisor and Kubernetes retry.
 """
@@ -80,7 +80,7 @@ def judge(err: BaseException, where: str) -> Exception:
         TransientError (to retry), a StorageFaultError for a full disk, a refusal or a quota (exit 3, 4, 5), or
         UsageError (bad input, exit 2).
     """
-    from trainer.storage.faults import classify
+    from trainer.core.faults import classify
 
     if isinstance(err, (TransientError, StorageFaultError, UsageError)):
         return err
@@ -106,12 +106,12 @@ def retried(attempt: Callable[[], T], what: str, attempts: int | None = None) ->
     Args:
         attempt: the call of your code and what it needs redone each time; it raises `judge`'s errors.
         what: your function as the setting names it, for the lines (`source 'fn:m:datasets'`).
-        attempts: default `trainer.storage.faults.ATTEMPTS`.
+        attempts: default `trainer.core.faults.ATTEMPTS`.
 
     Raises:
         StoreUnavailableError: the error stayed transient through every attempt (exit 142, retryable).
     """
-    from trainer.storage import faults
+    from trainer.core import faults
 
     attempts = attempts or faults.ATTEMPTS
     started = time.monotonic()

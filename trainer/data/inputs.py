@@ -1,7 +1,7 @@
 """Input pipelines: a worker's share of the prepared dataset as `tf.data` datasets for training and evaluation.
 
 A prepared dataset is either TFRecord shards of uint8 images (fed as float32) or the splits of your own function
-saved by tf.data (`trainer.data.functions`, fed as the function returned them).
+saved by tf.data (`trainer.data.user_source`, fed as the function returned them).
 
 A worker keeps its share where `trainer.core.memory.choose_cache` says, one log line each: in memory when it fits a
 quarter of the pod's memory limit, else in a tf.data file cache in the local temporary directory when it fits half
@@ -21,73 +21,59 @@ from typing import Any
 
 from trainer.config.contract import DataConfig
 from trainer.core.memory import CacheChoice, Room, choose_cache, room
-from trainer.data import functions
+from trainer.data import readers
+from trainer.data.readers import Reader
 from trainer.data.tfrecords import decode_fn, shard_paths
+from trainer.records.dataset import DatasetMetadata
 
 log = logging.getLogger(__name__)
 
 CACHE_DIR_NAME = "trainer-data-cache"
 
 
-def _as_float(images: Any, labels: Any) -> tuple[Any, Any]:
-    import tensorflow as tf
-
-    return tf.cast(images, tf.float32), labels
-
-
 def _nothing(*_: Any) -> bool:
     return False
 
 
-def _stored(data_dir: str, meta: dict[str, Any], split: str) -> Any:
-    """A whole split as stored: `(uint8 image, label)` pairs, or your function's `(features, label)` pairs."""
-    import tensorflow as tf
-
-    if functions.is_saved(meta):
-        return functions.load_split(data_dir, meta, split)
-    return tf.data.TFRecordDataset(shard_paths(data_dir, meta, split)).map(decode_fn(tuple(meta["image_shape"])))
+def _reader(data_dir: str, meta: DatasetMetadata, reader: Reader | None) -> Reader:
+    return reader if reader is not None else readers.of(data_dir, meta)
 
 
-def _fed(meta: dict[str, Any], ds: Any) -> Any:
-    """`ds` as training feeds it: images as float32; your function's pairs as they are."""
-    return ds if functions.is_saved(meta) else ds.map(_as_float)
-
-
-def examples(data_dir: str, meta: dict[str, Any], split: str) -> Any:
+def examples(data_dir: str, meta: DatasetMetadata, split: str, reader: Reader | None = None) -> Any:
     """A whole split, unbatched, as training feeds it: `(features, label)` pairs (images as float32)."""
-    return _fed(meta, _stored(data_dir, meta, split))
+    reader = _reader(data_dir, meta, reader)
+    return reader.fed(reader.stored(split))
 
 
-def features_spec(data_dir: str, meta: dict[str, Any]) -> Any:
+def features_spec(data_dir: str, meta: DatasetMetadata, reader: Reader | None = None) -> Any:
     """The `tf.TensorSpec` (or dict of them) of one example's features as training feeds them."""
-    return examples(data_dir, meta, "train").element_spec[0]
+    return examples(data_dir, meta, "train", reader).element_spec[0]
 
 
-def _by_file(files: list[str], workers: int) -> bool:
-    """Whether workers take whole files (they divide evenly among them), else every N-th record."""
-    return workers > 1 and len(files) % workers == 0
-
-
-def _share_examples(meta: dict[str, Any], split: str, workers: int, rank: int) -> int:
+def _share_examples(meta: DatasetMetadata, split: str, workers: int, rank: int) -> int:
     """How many of the split's examples are this worker's."""
-    total = meta["splits"][split]["num_examples"]
-    shards = meta["splits"][split].get("shards")
-    if shards and _by_file(shards, workers):
-        return sum(s["num_examples"] for s in shards[rank::workers])
-    return len(range(rank, total, max(workers, 1)))
+    found = meta.splits[split]
+    if found.shards and readers.by_file(list(found.shards), workers):
+        return sum(s.num_examples for s in found.shards[rank::workers])
+    return len(range(rank, found.num_examples, max(workers, 1)))
 
 
-def share_bytes(data_dir: str, meta: dict[str, Any], split: str, workers: int, rank: int) -> int:
+def share_bytes(
+    data_dir: str, meta: DatasetMetadata, split: str, workers: int, rank: int, reader: Reader | None = None
+) -> int:
     """The bytes this worker's share of `split` takes in a cache: decoded images and labels, or saved tensors."""
     count = _share_examples(meta, split, workers, rank)
-    if functions.is_saved(meta):
-        total = meta["splits"][split]["num_examples"]
-        return math.ceil(functions.split_bytes(data_dir, meta, split) * count / total)
-    return count * (math.prod(meta["image_shape"]) + 8)
+    return _reader(data_dir, meta, reader).cache_bytes(split, count)
 
 
 def cache_choice(
-    data_dir: str, meta: dict[str, Any], split: str, workers: int, rank: int, where: Room | None = None
+    data_dir: str,
+    meta: DatasetMetadata,
+    split: str,
+    workers: int,
+    rank: int,
+    where: Room | None = None,
+    reader: Reader | None = None,
 ) -> tuple[CacheChoice, Room]:
     """Where this worker keeps its share of `split` (`choose_cache`), logged in one line.
 
@@ -96,9 +82,9 @@ def cache_choice(
     where = where or room()
     used = 0
     if split != "train":
-        train = choose_cache(share_bytes(data_dir, meta, "train", workers, rank), where)
+        train = choose_cache(share_bytes(data_dir, meta, "train", workers, rank, reader), where)
         used = train.share_bytes if train.where == "memory" else 0
-    choice = choose_cache(share_bytes(data_dir, meta, split, workers, rank), where, used)
+    choice = choose_cache(share_bytes(data_dir, meta, split, workers, rank, reader), where, used)
     log.info(choice.describe(f"data cache: worker {rank}'s share of the {split} split", where.memory))
     return choice, where
 
@@ -145,7 +131,7 @@ def _kept(records: Any, choice: CacheChoice, where: Room, split: str, workers: i
 def _filled(records: Any, choice: CacheChoice) -> Any:
     """A pass that yields nothing and reads a cached share to its end (in batches); nothing for a streamed share.
 
-    Batching needs one shape per feature, which `trainer.data.functions` checks when your function's data is saved.
+    Batching needs one shape per feature, which `trainer.data.user_source` checks when your function's data is saved.
     """
     if choice.where == "stream":
         return records.take(0)
@@ -167,7 +153,7 @@ def _options(deterministic: bool, threads: int) -> Any:
 
 def train_dataset(
     data_dir: str,
-    meta: dict[str, Any],
+    meta: DatasetMetadata,
     data: DataConfig,
     batch_size: int,
     steps: int,
@@ -176,6 +162,7 @@ def train_dataset(
     start_epoch: int,
     threads: int = 0,
     where: Room | None = None,
+    reader: Reader | None = None,
 ) -> Any:
     """This worker's share of the training data, reshuffled per epoch and globally batched.
 
@@ -195,6 +182,7 @@ def train_dataset(
         start_epoch: the first epoch to produce, counted from 0.
         threads: the size of tf.data's thread pool (0: tf.data's default).
         where: the memory limit and local disk that decide where the share is kept (default: this pod's).
+        reader: how the dataset is read (default: the reader of its format, `trainer.data.readers.of`).
 
     Returns:
         An endless dataset of `(float32 images, int64 labels)` global batches, or of the saved function's
@@ -202,26 +190,9 @@ def train_dataset(
     """
     import tensorflow as tf
 
-    saved = functions.is_saved(meta)
-    if saved:
-        records = functions.load_split(data_dir, meta, "train")
-        if workers > 1:
-            records = records.shard(workers, rank)
-    else:
-        files = shard_paths(data_dir, meta, "train")
-        by_file = _by_file(files, workers)
-        names = tf.data.Dataset.from_tensor_slices(files)
-        if by_file:
-            names = names.shard(workers, rank)
-        records = names.interleave(
-            tf.data.TFRecordDataset, cycle_length=len(files), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
-        )
-        records = records.map(
-            decode_fn(tuple(meta["image_shape"])), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
-        )
-        if workers > 1 and not by_file:
-            records = records.shard(workers, rank)
-    choice, where = cache_choice(data_dir, meta, "train", workers, rank, where)
+    reader = _reader(data_dir, meta, reader)
+    records = reader.share("train", workers, rank)
+    choice, where = cache_choice(data_dir, meta, "train", workers, rank, where, reader)
     records = _kept(records, choice, where, "train", workers, rank)
     # tf.data keeps a cache only once an iterator has read it to the end, and an epoch shorter than this worker's
     # share (--steps-per-epoch) stops mid-way: the cache would be thrown away and every epoch would read and decode
@@ -230,7 +201,7 @@ def train_dataset(
     # share has no cache to fill.
     fill = _filled(records, choice)
     per_epoch = steps * batch_size
-    buffer = min(meta["splits"]["train"]["num_examples"], data.shuffle_buffer)
+    buffer = min(meta.num_examples("train"), data.shuffle_buffer)
 
     def epoch_block(epoch):
         return (
@@ -243,37 +214,37 @@ def train_dataset(
     # "has data" flag across the workers before every step. `fit` ends each epoch after `steps` steps.
     epochs = tf.data.Dataset.counter(start_epoch).flat_map(epoch_block)
     ds = fill.concatenate(epochs).apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
-    ds = ds.batch(batch_size * workers, drop_remainder=True)
-    if not saved:
-        ds = ds.map(_as_float, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = reader.fed(ds.batch(batch_size * workers, drop_remainder=True), tf.data.AUTOTUNE)
     return ds.prefetch(tf.data.AUTOTUNE).with_options(_options(deterministic=True, threads=threads))
 
 
 def eval_dataset(
     data_dir: str,
-    meta: dict[str, Any],
+    meta: DatasetMetadata,
     global_batch: int,
     workers: int,
     rank: int,
     threads: int = 0,
     where: Room | None = None,
+    reader: Reader | None = None,
 ) -> Any:
     """This worker's share of the test split, repeated so every worker runs the same number of validation steps.
 
     The share is kept where `cache_choice` says, the training share counted against the same memory budget.
     """
-    ds = _stored(data_dir, meta, "test")
+    reader = _reader(data_dir, meta, reader)
+    ds = reader.stored("test")
     if workers > 1:
         ds = ds.shard(workers, rank)
-    choice, where = cache_choice(data_dir, meta, "test", workers, rank, where)
+    choice, where = cache_choice(data_dir, meta, "test", workers, rank, where, reader)
     ds = _kept(ds, choice, where, "test", workers, rank)
     # Filled to its end first, as the training share is: a validation run reads fewer batches than the share holds.
     ds = _filled(ds, choice).concatenate(ds.repeat())
-    ds = _fed(meta, ds).batch(global_batch, drop_remainder=True)
+    ds = reader.fed(ds).batch(global_batch, drop_remainder=True)
     return ds.with_options(_options(deterministic=False, threads=threads))
 
 
-def ps_dataset_creator(data_dir: str, meta: dict[str, Any], data: DataConfig, batch_size: int) -> Any:
+def ps_dataset_creator(data_dir: str, meta: DatasetMetadata, data: DataConfig, batch_size: int) -> Any:
     """A `DatasetCreator` for ParameterServerStrategy: each worker reads its input pipeline's share of the shards.
 
     A share is cached in memory only when `choose_cache` allows it under this (the chief's) pod's memory limit, which
@@ -286,9 +257,9 @@ def ps_dataset_creator(data_dir: str, meta: dict[str, Any], data: DataConfig, ba
     from trainer.core.memory import memory_limit
 
     files = shard_paths(data_dir, meta, "train")
-    shape = tuple(meta["image_shape"])
+    shape = meta.image_shape
     where = Room(memory_limit(), "", 0)
-    total = meta["splits"]["train"]["num_examples"]
+    total = meta.num_examples("train")
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         pipelines, index = context.num_input_pipelines, context.input_pipeline_id

@@ -1,6 +1,6 @@
 """Data sources into a prepared dataset: TFDS, IDX files or the sample -> TFRecords; your function -> tf.data's save.
 
-Your own function's splits are saved by `trainer.data.functions`.
+Your own function's splits are saved by `trainer.data.user_source`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ import numpy as np
 from trainer.config.contract import SOURCE_FORMS, DataConfig, is_source
 from trainer.core.errors import UsageError
 from trainer.core.files import atomic_directory, check_writable_parent
-from trainer.data.functions import prepare_function
 from trainer.data.idx import read_split
-from trainer.data.tfrecords import METADATA_FILE, make_metadata, write_split
+from trainer.data.tfrecords import write_split
+from trainer.data.user_source import prepare_function
+from trainer.records.dataset import DatasetMetadata
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def _class_names(data: DataConfig) -> list[str]:
     return [n.strip() for n in data.class_names.split(",")] if data.class_names.strip() else []
 
 
-def prepare_idx(directory: str, config: DataConfig, out: str) -> dict[str, Any]:
+def prepare_idx(directory: str, config: DataConfig, out: str) -> DatasetMetadata:
     """Writes the shards of MNIST-format IDX files in `directory` into `out`; returns the metadata."""
     train_images, train_labels = read_split(directory, "train")
     test_images, test_labels = read_split(directory, "test")
@@ -80,7 +81,7 @@ def prepare_idx(directory: str, config: DataConfig, out: str) -> dict[str, Any]:
         ),
         "test": write_split(out, "test", _idx_examples(test_images, test_labels, config.max_test_examples), 1, shape),
     }
-    return make_metadata(config.source, shape, names, splits)
+    return DatasetMetadata.of_images(config.source, shape, names, splits)
 
 
 def _check_download_hosts(builder: Any, name: str, timeout: float) -> None:
@@ -97,7 +98,7 @@ def _check_download_hosts(builder: Any, name: str, timeout: float) -> None:
             ) from None
 
 
-def prepare_tfds(name: str, config: DataConfig, out: str) -> dict[str, Any]:
+def prepare_tfds(name: str, config: DataConfig, out: str) -> DatasetMetadata:
     """Writes the shards of the TFDS dataset `name` into `out`; returns the metadata."""
     import tensorflow_datasets as tfds
 
@@ -133,13 +134,11 @@ def prepare_tfds(name: str, config: DataConfig, out: str) -> dict[str, Any]:
         ds = builder.as_dataset(split=tfds_split)
         examples = ((ex["image"], int(ex["label"])) for ex in tfds.as_numpy(ds))
         splits[split] = write_split(out, split, examples, shards, shape)
-    return make_metadata(config.source, shape, list(features["label"].names), splits)
+    return DatasetMetadata.of_images(config.source, shape, list(features["label"].names), splits)
 
 
-def run(config: DataConfig, output: str) -> dict[str, Any]:
+def run(config: DataConfig, output: str) -> DatasetMetadata:
     """Prepares the dataset `config.source` into `output` atomically and returns its metadata."""
-    from trainer.core.files import write_json
-
     kind, location = parse_source(config.source)
     if not output:
         raise UsageError("output path is empty; pass --output DIR")
@@ -149,17 +148,17 @@ def run(config: DataConfig, output: str) -> dict[str, Any]:
             meta = prepare_function(location, config, out)
         else:
             meta = prepare_idx(location, config, out) if kind == "idx" else prepare_tfds(location, config, out)
-        write_json(f"{out}/{METADATA_FILE}", meta)
-    counts = ", ".join(f"{split} {s['num_examples']}" for split, s in meta["splits"].items())
+        meta.write(out)
+    counts = ", ".join(f"{split} {s.num_examples}" for split, s in meta.splits.items())
     if kind == "fn":
-        log.info("prepared %s into %s: %s examples of %s", config.source, output, counts, meta["element_spec"])
+        log.info("prepared %s into %s: %s examples of %s", config.source, output, counts, meta.element_spec)
         return meta
     log.info(
         "prepared %s into %s: %s examples, image shape %s, %d classes",
         config.source,
         output,
         counts,
-        meta["image_shape"],
-        meta["num_classes"],
+        list(meta.image_shape or ()),
+        meta.num_classes,
     )
     return meta

@@ -1,4 +1,7 @@
-"""Evaluation of an exported SavedModel (not the Python model code) on the held-out split."""
+"""The built-in CNN's evaluation: its exported SavedModel (not the Python model code) on the held-out split.
+
+`Evaluation` is its record of the one evaluation protocol (`trainer.evaluation.results.Results`).
+"""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import numpy as np
 from trainer.core.errors import UsageError
 from trainer.core.files import exists, write_json
 from trainer.data.tfrecords import read_arrays
-from trainer.modeling.export import SAVED_MODEL_DIR
+from trainer.records.model_dir import SAVED_MODEL_DIR
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,10 @@ class Evaluation:
     def confusion(self) -> tuple[list[str], list[list[int]]]:
         """The class names and the confusion matrix as the Kubeflow UI's ClassificationMetrics takes them."""
         return list(self.class_names), [list(row) for row in self.confusion_matrix]
+
+    def classes(self) -> tuple[dict[str, Any], ...]:
+        """Per class: `class`, `name`, `precision`, `recall`, `f1`, `support`."""
+        return self.per_class
 
     def to_json(self) -> dict[str, Any]:
         """The results as metrics.json holds them."""
@@ -145,13 +152,13 @@ def evaluate_split(model_dir: str, data_dir: str, split: str = "test") -> tuple[
     path = saved_model_path(model_dir)
     images, labels, meta = read_arrays(data_dir, split)
     probabilities = predict(path, images)
-    evaluation = compute_metrics(probabilities, labels, meta["class_names"])
-    evaluation = dataclasses.replace(evaluation, dataset=meta.get("source"), split=split)
+    evaluation = compute_metrics(probabilities, labels, list(meta.class_names))
+    evaluation = dataclasses.replace(evaluation, dataset=meta.source, split=split)
     log.info("test accuracy %.4f, loss %.4f on %d examples", evaluation.accuracy, evaluation.loss, len(images))
     return evaluation, images, probabilities
 
 
-def run(model_dir: str, data_dir: str, output: str | None = None, split: str = "test") -> Evaluation:
+def evaluate(model_dir: str, data_dir: str, output: str | None = None, split: str = "test") -> Evaluation:
     """Evaluates the SavedModel in `model_dir` on `split` of `data_dir`; writes metrics.json to `output`."""
     evaluation, _, _ = evaluate_split(model_dir, data_dir, split)
     if output:

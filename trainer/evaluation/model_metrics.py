@@ -2,8 +2,8 @@
 
 The chief's `model.keras` is loaded with its compile configuration (its loss and metrics; custom objects must be
 registered with `tf_keras.saving.register_keras_serializable` in your module) and `evaluate`d on the prepared
-dataset's test split. The serving check (`trainer.serving.check.run_outputs`) then holds the exported SavedModel,
-served the way TF Serving serves it, to the same model's predictions.
+dataset's test split. The serving check (`trainer.serving.serving_check.run_outputs`) then holds the exported
+SavedModel, served the way TF Serving serves it, to the same model's predictions.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import numpy as np
 
 from trainer.core.errors import UsageError
 from trainer.core.files import exists
+from trainer.evaluation.results import Sample
 
 log = logging.getLogger(__name__)
 
@@ -48,24 +49,20 @@ class ModelEvaluation:
         """No confusion matrix: the model's task is its own."""
         return None
 
+    def classes(self) -> tuple[dict[str, Any], ...]:
+        """No per-class results: the model's task is its own."""
+        return ()
+
     def to_json(self) -> dict[str, Any]:
         """The results as plain JSON-ready values."""
         return {**dataclasses.asdict(self), "metrics": dict(self.metrics)}
 
 
-@dataclasses.dataclass(frozen=True)
-class Sample:
-    """The first held-out examples' features and the Keras model's predictions for them, by output name.
-
-    The names are the model's `output_names`, which tf-keras gives the SavedModel's serving signature's outputs.
-    """
-
-    features: Any
-    predictions: dict[str, Any]
-
-
 def evaluate_model(model_dir: str, data_dir: str, examples: int, split: str = "test") -> tuple[ModelEvaluation, Sample]:
     """The compiled metrics of `model_dir/model.keras` on `split`, and its predictions for the first `examples`.
+
+    The predictions are by the model's `output_names`, which tf-keras gives the SavedModel's serving signature's
+    outputs.
 
     Metrics that are not one number (a per-class F1, say) are left out, with a log line: a gate and KFP's Metrics
     artifact take scalars.
@@ -77,9 +74,9 @@ def evaluate_model(model_dir: str, data_dir: str, examples: int, split: str = "t
     import tensorflow as tf
     import tf_keras as keras
 
-    from trainer.data.inputs import examples as split_examples
-    from trainer.data.tfrecords import load_metadata
-    from trainer.modeling.export import KERAS_FILE
+    from trainer.data import inputs
+    from trainer.records.dataset import DatasetMetadata
+    from trainer.records.model_dir import KERAS_FILE
 
     path = f"{model_dir.rstrip('/')}/{KERAS_FILE}"
     if not exists(path):
@@ -91,8 +88,8 @@ def evaluate_model(model_dir: str, data_dir: str, examples: int, split: str = "t
             f"{path!r} cannot be loaded ({str(err).splitlines()[0][:300]}); allowed: a model whose custom layers, "
             "losses and metrics are registered with tf_keras.saving.register_keras_serializable in model_fn's module"
         ) from None
-    meta = load_metadata(data_dir)
-    data = split_examples(data_dir, meta, split)
+    meta = DatasetMetadata.read(data_dir)
+    data = inputs.examples(data_dir, meta, split)
     results = model.evaluate(data.batch(BATCH), return_dict=True, verbose=0)
     vectors = sorted(name for name, value in results.items() if np.ndim(value) != 0)
     if vectors:
@@ -105,8 +102,8 @@ def evaluate_model(model_dir: str, data_dir: str, examples: int, split: str = "t
     features = tf.nest.map_structure(lambda t: t.numpy(), features)
     evaluation = ModelEvaluation(
         metrics={name: _rounded(value) for name, value in sorted(results.items()) if name not in vectors},
-        num_examples=int(meta["splits"][split]["num_examples"]),
-        dataset=meta.get("source"),
+        num_examples=meta.split(split, data_dir).num_examples,
+        dataset=meta.source,
         split=split,
     )
     log.info(

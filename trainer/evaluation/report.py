@@ -8,8 +8,8 @@ import urllib.parse
 
 from trainer.core.files import write_text
 from trainer.evaluation.verdict import Verdict
-from trainer.serving.check import ServingCheck
-from trainer.training.history import History
+from trainer.records.history import History
+from trainer.serving.serving_check import ServingCheck
 
 
 def training_curves(history: History, metric: str = "accuracy") -> str:
@@ -67,21 +67,22 @@ def tensorboard_section(history: History) -> str:
 
 
 def classification_sections(verdict: Verdict) -> str:
-    """The per-class table and the confusion matrix, for the built-in CNN's results; else nothing."""
+    """The per-class table and the confusion matrix, for a classifier's results (the built-in CNN's); else nothing."""
     esc = html.escape
     results = verdict.evaluation
-    if results.confusion() is None:
+    confusion = results.confusion()
+    if confusion is None:
         return ""
     rows = "".join(
         f"<tr><td>{esc(c['name'])}</td><td>{c['precision']:.4f}</td><td>{c['recall']:.4f}</td><td>{c['f1']:.4f}</td>"
         f"<td>{c['support']}</td></tr>"
-        for c in results.per_class
+        for c in results.classes()
     )
-    names = results.class_names
+    names, confusion_matrix = confusion
     head = "".join(f"<th>{esc(n)}</th>" for n in names)
     matrix = "".join(
         f"<tr><th>{esc(names[i])}</th>" + "".join(f"<td>{v}</td>" for v in row) + "</tr>"
-        for i, row in enumerate(results.confusion_matrix)
+        for i, row in enumerate(confusion_matrix)
     )
     return (
         "<h2>Per class</h2>\n<table><tr><th>class</th><th>precision</th><th>recall</th><th>F1</th><th>support</th></tr>"
@@ -90,8 +91,11 @@ def classification_sections(verdict: Verdict) -> str:
     )
 
 
-def render_html(verdict: Verdict, history: History) -> str:
-    """The report's HTML page: results, gate, serving check, TensorBoard link, curves, per-class table, matrix."""
+def render_html(verdict: Verdict, history: History, model: str) -> str:
+    """The report's HTML page: results, gate, serving check, TensorBoard link, curves, per-class table, matrix.
+
+    `model` names the model, as HTML (its kind's `ModelKind.html_name`).
+    """
     esc = html.escape
     results = verdict.evaluation
     metric = verdict.gate.metric
@@ -106,7 +110,6 @@ def render_html(verdict: Verdict, history: History) -> str:
     check = verdict.serving_check
     gate += f" Serving check: <b>{'passed' if check.passed else f'FAILED, not published ({esc(check.reason)})'}</b>."
     speed = sum(e["examples_per_second"] for e in history.epochs[1:]) / max(1, len(history.epochs) - 1)
-    model = f"model <code>{esc(history.model_fn)}</code>" if history.model_fn else "the built-in CNN"
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>Training report</title>
 <style>body{{font-family:sans-serif;margin:1.5em}}table{{border-collapse:collapse;margin:0.5em 0 1.5em}}
@@ -125,6 +128,6 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}</style></head><b
 """
 
 
-def write_html(path: str, verdict: Verdict, history: History) -> None:
+def write_html(path: str, verdict: Verdict, history: History, model: str) -> None:
     """Writes the report atomically."""
-    write_text(path, render_html(verdict, history))
+    write_text(path, render_html(verdict, history, model))

@@ -6,10 +6,9 @@ import dataclasses
 import math
 from typing import Any
 
-from trainer.evaluation.gate import Gate
-from trainer.evaluation.metrics import Evaluation
-from trainer.evaluation.model_metrics import ModelEvaluation
-from trainer.serving.check import ServingCheck
+from trainer.config.gate import Gate
+from trainer.evaluation.results import Results
+from trainer.serving.serving_check import ServingCheck
 
 PUBLISH = "publish"
 # What the evaluate step's Metrics artifact records besides the model's own metrics, which may not use these names.
@@ -21,14 +20,15 @@ class Verdict:
     """The evaluation of the chief's model, the gate it had to pass, and its serving check.
 
     Attributes:
-        evaluation: the model's results on the held-out split: the built-in CNN's classification results, or the
-            metrics a model_fn's model was compiled with.
+        evaluation: the model's results on the held-out split, the record its kind returns
+            (`trainer.evaluation.results.Results`): the built-in CNN's classification results, or the metrics a
+            model_fn's model was compiled with.
         gate: the quality gate.
         serving_check: the serving check's result.
         model_dir: the chief's model directory that was evaluated.
     """
 
-    evaluation: Evaluation | ModelEvaluation
+    evaluation: Results
     gate: Gate
     serving_check: ServingCheck
     model_dir: str = ""

@@ -16,7 +16,7 @@ import re
 import socket
 from typing import Any
 
-from trainer.config import registry as settings
+from trainer.config import settings
 from trainer.config.checks import int_between, require
 from trainer.config.contract import MAX_WORKERS
 from trainer.core.errors import KubernetesError, UsageError
@@ -31,7 +31,6 @@ RUN_ID_LABEL = "pipelines.kubeflow.org/run-id"
 KFP_RUN_LABEL = "pipeline/runid"
 WORKFLOW_LABEL = "workflows.argoproj.io/workflow"
 WORKFLOW = ("argoproj.io", "v1alpha1", "workflows", "Workflow")
-DEFAULT_PORT = 2222
 NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
@@ -41,9 +40,10 @@ def service_name(run_id: str, index: int) -> str:
     return f"tfw-{run_key(run_id)}-{index}"
 
 
-def task_addresses(run_id: str, tasks: int, namespace: str, port: int = DEFAULT_PORT) -> list[str]:
-    """The TF_CONFIG addresses of the run's tasks: each Service's in-cluster DNS name and the gRPC port."""
+def task_addresses(run_id: str, tasks: int, namespace: str, port: int | None = None) -> list[str]:
+    """The TF_CONFIG addresses of the run's tasks: each Service's DNS name and the port (the contract's by default)."""
     require("tasks", tasks, int_between(1, MAX_WORKERS))
+    port = settings.default("port") if port is None else port
     settings.check("port", port)
     return [f"{service_name(run_id, i)}.{namespace}.svc:{port}" for i in range(tasks)]
 
@@ -94,9 +94,10 @@ def pod_labels(run_id: str, index: int) -> dict[str, str]:
 
 
 def service_manifest(
-    run_id: str, index: int, port: int = DEFAULT_PORT, owner: dict[str, Any] | None = None
+    run_id: str, index: int, port: int | None = None, owner: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """The headless Service for one task, as a Kubernetes manifest dict (owned by `owner` when given)."""
+    port = settings.default("port") if port is None else port
     settings.check("port", port)
     metadata: dict[str, Any] = {
         "name": service_name(run_id, index),

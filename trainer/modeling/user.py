@@ -1,4 +1,4 @@
-"""Your own model (`model_fn`): a function of the features' spec that returns a compiled tf-keras model."""
+"""Your own model (`model_fn`): a function of the features' spec that returns a compiled tf-keras model; its kind."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 from trainer.core.errors import UsageError
+from trainer.evaluation.results import Sample
+from trainer.modeling.kind import Compiled, ModelKind
 
 
 def build_user_model(function: Callable[[Any], Any], spec: str, features: Any) -> Any:
@@ -72,3 +74,73 @@ def reported_metrics(model: Any, example: tuple[Any, Any], spec: str) -> list[st
             f"model_fn {spec!r} returned a model that does not take the prepared examples: {one_line(err)}"
         ) from None
     return [metric.name for metric in model.metrics]
+
+
+class UserModel(ModelKind):
+    """Your own model (`model_fn`) on either dataset format.
+
+    Compiled by your function, exported with its own inputs and outputs, evaluated on the metrics it was compiled
+    with, and checked served against its own predictions.
+    """
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+        self.name = f"model_fn {spec!r}"
+        self.function: Callable[[Any], Any] | None = None
+
+    @classmethod
+    def claims(cls, model: Any) -> bool:
+        """Whether a model_fn is set."""
+        return bool(model.model_fn)
+
+    @classmethod
+    def of(cls, model: Any) -> UserModel:
+        """The kind of the model_fn the settings name."""
+        return cls(model.model_fn)
+
+    def check_settings(self, *, strategy: str = "", source: str = "", gate: str = "") -> None:
+        """Refuses any strategy but multi_worker_mirrored (the parameter-server runner trains only the CNN)."""
+        if strategy and strategy != "multi_worker_mirrored":
+            raise UsageError(
+                f"model_fn {self.spec!r} is not allowed with strategy {strategy!r}; allowed: multi_worker_mirrored"
+            )
+
+    def load(self) -> None:
+        """Imports the function (its module must not run TensorFlow ops when imported)."""
+        from trainer.core.functions import load
+
+        self.function = load(self.spec, self.name)
+
+    def build(self, reader: Any, compiled: Compiled, gate: Any) -> Any:
+        """`model_fn(features spec)`, checked; then the gate's metric among those it reports (one example built)."""
+        from trainer.data.inputs import examples, features_spec
+
+        if self.function is None:
+            self.load()
+        model = build_user_model(self.function, self.spec, features_spec(reader.data_dir, reader.meta, reader))
+        if gate is not None:
+            one = next(iter(examples(reader.data_dir, reader.meta, "train", reader).batch(1)))
+            gate.check_reported(reported_metrics(model, one, self.spec), self.name)
+        return model
+
+    def signatures(self, model: Any) -> None:
+        """None: the model's own inputs and outputs."""
+        return None
+
+    def evaluate(self, model_dir: str, data_dir: str, examples: int, split: str = "test") -> tuple[Any, Sample]:
+        """The compiled metrics of the chief's model.keras, and its predictions for the first examples."""
+        from trainer.evaluation.model_metrics import evaluate_model
+
+        return evaluate_model(model_dir, data_dir, examples, split)
+
+    def serving_check(self, saved_model_dir: str, sample: Sample) -> Any:
+        """`trainer.serving.serving_check.run_outputs`: the served answers equal the Keras model's predictions."""
+        from trainer.serving import serving_check
+
+        return serving_check.run_outputs(saved_model_dir, sample.features, sample.predictions)
+
+    def html_name(self) -> str:
+        """`model <code>package.module:function</code>`."""
+        import html
+
+        return f"model <code>{html.escape(self.spec)}</code>"

@@ -19,6 +19,7 @@ was given itself (`s3_credentials`), owned by the InferenceService, so they go w
 from __future__ import annotations
 
 import base64
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping
@@ -51,6 +52,52 @@ DEFAULT_REGION = "us-east-1"
 
 class RolloutFailed(KubernetesError):
     """KServe reported the new revision as failed; the previous one, if any, keeps serving."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Deployment:
+    """What the deploy step did: the record that becomes its outputs.
+
+    Attributes:
+        deployed: whether an InferenceService serves the model now.
+        reason: one sentence saying what serves what where, or why nothing was deployed.
+        name: the InferenceService's name (empty when not deployed; so are the rest).
+        namespace: its namespace.
+        url: KServe's URL of it.
+        predict_url: TF Serving's REST predict endpoint behind it.
+        version: the published version it serves.
+        created: whether this step created it (else it patched it).
+        generation: the InferenceService's generation this step waited for.
+        revision: the predictor's latest ready revision.
+        service_account: the predictor's service account with the storage keys (empty: the namespace's default).
+    """
+
+    deployed: bool
+    reason: str
+    name: str = ""
+    namespace: str = ""
+    url: str = ""
+    predict_url: str = ""
+    version: int = 0
+    created: bool = False
+    generation: int = 0
+    revision: str = ""
+    service_account: str = ""
+
+    @classmethod
+    def skipped(cls, reason: str) -> Deployment:
+        """Nothing deployed, and why."""
+        return cls(False, reason)
+
+    def output_metadata(self) -> dict[str, Any]:
+        """The deployment artifact's metadata: `name`, `namespace`, `url`, `version`, `revision`."""
+        return {
+            "name": self.name,
+            "namespace": self.namespace,
+            "url": self.url,
+            "version": self.version,
+            "revision": self.revision,
+        }
 
 
 def storage_uri(publish_uri: str) -> str:
@@ -307,15 +354,14 @@ def deploy(
     timeout: float,
     poll: float = POLL_SECONDS,
     credentials: tuple[dict[str, Any], dict[str, Any]] | None = None,
-) -> dict[str, Any]:
+) -> Deployment:
     """Creates or patches the InferenceService for the published `version` and waits until it serves it.
 
     With `credentials` (`s3_credentials`), their Secret and ServiceAccount are written first, the predictor runs
     as that account, and the InferenceService owns both.
 
     Returns:
-        `name`, `namespace`, `url` (KServe's), `predict_url` (TF Serving's REST predict endpoint behind it),
-        `created`, `generation`, `revision` and `service_account` (empty: the namespace's default).
+        The deployment: the InferenceService, its URLs, revision and service account.
     """
     from kubernetes import client
 
@@ -331,13 +377,16 @@ def deploy(
     status = wait_until_ready(api, namespace, name, generation, timeout, poll)
     url = status.get("url") or ""
     predictor = (status.get("components") or {}).get("predictor") or {}
-    return {
-        "name": name,
-        "namespace": namespace,
-        "url": url,
-        "predict_url": f"{url}/v1/models/{name}:predict" if url else "",
-        "created": created,
-        "generation": generation,
-        "revision": predictor.get("latestReadyRevision", ""),
-        "service_account": account,
-    }
+    return Deployment(
+        deployed=True,
+        reason=f"InferenceService {name} serves version {version} at {url}",
+        name=name,
+        namespace=namespace,
+        url=url,
+        predict_url=f"{url}/v1/models/{name}:predict" if url else "",
+        version=version,
+        created=created,
+        generation=generation,
+        revision=predictor.get("latestReadyRevision", ""),
+        service_account=account,
+    )

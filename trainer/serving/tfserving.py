@@ -1,4 +1,4 @@
-"""A SavedModel served the way TensorFlow Serving serves it, for the serving check (`trainer.serving.check`).
+"""A SavedModel served the way TensorFlow Serving serves it, for the serving check (`trainer.serving.serving_check`).
 
     python -m trainer.tfserving --model-dir MODEL/saved_model [--name model]
 
@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from trainer.cli import run_cli
 from trainer.config.flags import Parser
+from trainer.core.entry import run_cli
 from trainer.core.errors import UsageError
 
 log = logging.getLogger(__name__)

@@ -1,1 +1,1 @@
-"""Storage: locations on paths, S3 and GCS, publishing, KFP's object store, the parameter-server status."""
+"""Storage: locations on paths, S3 and GCS, with faults named by kind; KFP's object store."""

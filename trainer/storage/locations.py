@@ -5,7 +5,7 @@ publishes or shares outside TensorFlow goes through fsspec. Credentials come the
 `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` (a Kubernetes Secret as environment) for S3, Application Default
 Credentials (workload identity, `GOOGLE_APPLICATION_CREDENTIALS`) for GCS.
 
-Every operation goes through `Location.call`, which names each failure (`trainer.storage.faults`):
+Every operation goes through `Location.call`, which names each failure (`trainer.core.faults`):
 
 - a refused call is one line naming the bucket, the key, the permission the credentials lack and the credentials
   (DeniedError, exit 4); a full disk or store is NoSpaceError (3), an exceeded quota QuotaError (5);
@@ -29,9 +29,9 @@ import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from trainer.core import faults
 from trainer.core.errors import DeniedError, ServiceError, UsageError
 from trainer.core.files import json_bytes, write_json
-from trainer.storage import faults
 
 T = TypeVar("T")
 

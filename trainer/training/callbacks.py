@@ -7,6 +7,8 @@ import logging
 import time
 from typing import Any
 
+from trainer.modeling.kind import current_learning_rate
+
 log = logging.getLogger(__name__)
 
 
@@ -51,13 +53,13 @@ class EpochCheckpoints:
 
         Raises:
             NoSpaceError, DeniedError, QuotaError, StoreUnavailableError: the disk or store failed the write
-                (`trainer.storage.faults`: exit 3, 4, 5, 142); the manifest still names the previous checkpoint.
+                (`trainer.core.faults`: exit 3, 4, 5, 142); the manifest still names the previous checkpoint.
         """
         prefix = self.home.prefix(epoch)
         try:
             self.checkpoint.write(prefix)
         except Exception as err:
-            from trainer.storage.faults import classify
+            from trainer.core.faults import classify
 
             _discard_checkpoint(prefix)
             fault = classify(err, f"write the checkpoint of epoch {epoch} to {prefix!r}", store_operation=True)
@@ -174,28 +176,6 @@ def scalar_logs(logs: dict[str, Any] | None) -> dict[str, float]:
     import numpy as np
 
     return {name: float(value) for name, value in (logs or {}).items() if np.ndim(value) == 0}
-
-
-def current_learning_rate(optimizer: Any) -> float:
-    """The learning rate of the optimizer's next step, read the way tf_keras' own TensorBoard callback reads it."""
-    import tf_keras as keras
-
-    rate = getattr(optimizer, "_learning_rate", None)
-    if rate is None:
-        rate = optimizer.learning_rate
-    if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
-        rate = rate(optimizer.iterations)
-    return float(keras.backend.get_value(rate))
-
-
-def run_log_dir(tensorboard_dir: str, run_id: str) -> str:
-    """Where one run's event files go: `tensorboard_dir/<run_id>` (or `tensorboard_dir` itself without a run id).
-
-    Each run is one TensorBoard "run" with a `train` and, when validating, a `validation` subdirectory, so
-    TensorBoard draws both on one chart and every retrain appears beside the earlier ones.
-    """
-    root = tensorboard_dir.rstrip("/")
-    return f"{root}/{run_id}" if run_id else root
 
 
 class TensorBoardScalars:

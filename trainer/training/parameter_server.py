@@ -2,7 +2,7 @@
 
 Parameter servers and workers only run a `tf.distribute.Server`; nothing in TensorFlow tells them the job is over.
 So the chief publishes a small status document (`--status-uri`: a ConfigMap of the run on Kubernetes, a local file
-for the launcher, or an s3:// or gs:// object; see `trainer.storage.status`) and refreshes it every `STATUS_INTERVAL`
+for the launcher, or an s3:// or gs:// object; see `trainer.cluster.status`) and refreshes it every `STATUS_INTERVAL`
 seconds:
 
     {"state": "running" | "succeeded" | "failed", "heartbeat": <unix time>, "detail": "..."}
@@ -19,16 +19,17 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from trainer.cluster import tf_config as cluster_lib
-from trainer.cluster.chief import StatusPublisher, wait_for_chief
+from trainer.cluster import topology
+from trainer.cluster.chief import StatusPublisher, open_status, wait_for_chief
 from trainer.cluster.peers import lost_peer_message
+from trainer.cluster.status import StatusStore
 from trainer.config.contract import TrainConfig
 from trainer.core.errors import PeerUnavailableError, UsageError
+from trainer.core.tasks import TaskId
 from trainer.data.inputs import ps_dataset_creator
 from trainer.modeling.export import save_model
-from trainer.storage.status import open_status
+from trainer.records.history import History, of_run
 from trainer.training import setup
-from trainer.training.history import History, of_run
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,11 @@ def check_topology(tf_config: dict[str, Any] | None, config: TrainConfig | None 
         raise UsageError(
             "validate true is not allowed with the parameter_server strategy: its chief only coordinates steps and "
             "holds no copy of the test data; allowed: validate false (the evaluate step runs after training)"
+        )
+    if config is not None and config.model.mixed_precision:
+        raise UsageError(
+            f"mixed_precision {config.model.mixed_precision!r} is not allowed with the parameter_server strategy; "
+            "allowed: empty (float32), or the multi_worker_mirrored strategy on workers with GPUs"
         )
     if (
         not tf_config
@@ -56,12 +62,12 @@ def run_server(config: TrainConfig, tf_config: dict[str, Any], on_started: Calla
     """Runs this ps or worker task's server until the chief's status says the job is over (see `wait_for_chief`)."""
     import tensorflow as tf
 
-    task = tf_config["task"]
-    what = f"{task['type']} {task['index']}"
+    task = TaskId.of(tf_config)
+    what = task.name
     tf.distribute.Server(
         tf.train.ClusterSpec(tf_config["cluster"]),
-        job_name=task["type"],
-        task_index=task["index"],
+        job_name=task.type,
+        task_index=task.index,
         protocol="grpc",
         start=True,
     )
@@ -70,7 +76,7 @@ def run_server(config: TrainConfig, tf_config: dict[str, Any], on_started: Calla
     log.info(
         "%s: server started at %s (pid %d); waiting for the chief",
         what,
-        cluster_lib.own_address(tf_config),
+        topology.own_address(tf_config),
         os.getpid(),
     )
     wait_for_chief(status_store(config), config.cluster.startup_timeout, config.cluster.chief_timeout, what)
@@ -103,7 +109,7 @@ def run(
     prepared = setup.prepare(config, chief=True)
     with StatusPublisher(status_store(config)):
         if strategy is None:
-            strategy = tf.distribute.experimental.ParameterServerStrategy(cluster_lib.cluster_resolver(tf_config))
+            strategy = tf.distribute.experimental.ParameterServerStrategy(topology.cluster_resolver(tf_config))
         if on_formed:
             on_formed()
         workers = len(tf_config["cluster"]["worker"])
@@ -138,35 +144,25 @@ def run(
         history = of_run(
             config, prepared.meta, built.throughput.epochs, workers, batch_size, steps, learning_rate, servers
         )
-        save_model(built.model, prepared.image_shape, runtime.model_dir, history)
+        save_model(built.model, prepared.kind, runtime.model_dir, history)
         built.checkpoints.home.clear(remove_root=not runtime.checkpoint_dir)
     return history
 
 
 def status_uri(config: TrainConfig) -> str:
-    """The status document's location, always the run's own.
+    """The status document's location, always the run's own (`trainer.cluster.lifecycle.status_location`)."""
+    from trainer.cluster.lifecycle import status_location
 
-    Under `status_uri` when set (`trainer.core.runs.run_status_uri`), else the run's ConfigMap in Kubernetes mode,
-    else `MODEL_DIR.status/<run key>.json` beside the model (a later run into the same MODEL_DIR never reads it).
-    """
-    from trainer.core.runs import run_key, run_status_uri
-
-    if config.runtime.status_uri:
-        return run_status_uri(config.runtime.status_uri, config.runtime.run_id)
-    if config.cluster.cluster_mode == "kubernetes":
-        from trainer.k8s.status import configmap_name
-        from trainer.storage.status import CONFIGMAP
-
-        return CONFIGMAP + configmap_name(config.runtime.run_id)
-    return f"{config.runtime.model_dir.rstrip('/')}.status/{run_key(config.runtime.run_id)}.json"
+    rt = config.runtime
+    return status_location(rt.status_uri, config.cluster.cluster_mode, rt.run_id, rt.model_dir)
 
 
-def status_store(config: TrainConfig) -> Any:
+def status_store(config: TrainConfig) -> StatusStore:
     """This run's status store: `status_uri` ({namespace} expanded), an s3:// one in the store `storage` names."""
-    from trainer.k8s import objects as k8s
-    from trainer.storage import kfp as kfpstore
+    from trainer.k8s import objects
+    from trainer.storage import kfpstore
 
-    namespace = k8s.namespace_if_pod()
+    namespace = objects.namespace_if_pod()
     uri = kfpstore.expand(status_uri(config), namespace)
     store = kfpstore.store(config.storage, namespace) if uri.startswith("s3://") else None
     return open_status(uri, config.runtime.run_id, store)

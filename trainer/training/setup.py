@@ -14,46 +14,45 @@ from typing import Any
 
 from trainer.cluster.resume import home_for
 from trainer.config.contract import TrainConfig
+from trainer.config.gate import Gate
 from trainer.core.cpus import ranges, thread_counts
-from trainer.core.errors import UsageError
 from trainer.core.files import check_writable_parent
-from trainer.data import functions
-from trainer.data.inputs import examples, features_spec
-from trainer.data.tfrecords import load_metadata, verify_split
-from trainer.evaluation.gate import Gate
-from trainer.training.callbacks import EpochCheckpoints, TensorBoardScalars, ThroughputHistory, run_log_dir
+from trainer.core.runs import run_log_dir
+from trainer.data.readers import Reader
+from trainer.modeling import kinds
+from trainer.modeling.kind import Compiled, ModelKind
+from trainer.records.dataset import DatasetMetadata
+from trainer.training.callbacks import EpochCheckpoints, TensorBoardScalars, ThroughputHistory
 
 log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
 class Prepared:
-    """What a runner knows before it builds anything: the dataset's metadata, where TensorBoard files go, threads.
+    """What a runner knows before it builds anything: the dataset, the model's kind, TensorBoard's place, threads.
 
-    With a `model_fn`, also your model's function, imported before the cluster forms so that a wrong name fails
-    fast (its module must not run TensorFlow ops when imported: collective ops are configured when the strategy is
-    created, before anything else touches TensorFlow's context).
+    The dataset is its metadata and its reader (`kind.reader`). A kind that runs your code (a `model_fn`) has
+    imported it before the cluster forms, so that a wrong name fails fast (its module must not run TensorFlow ops
+    when imported: collective ops are configured when the strategy is created, before anything else touches
+    TensorFlow's context).
     """
 
-    meta: dict[str, Any]
+    meta: DatasetMetadata
     log_dir: str
     threads: int
-    model_fn: Any = None
-
-    @property
-    def image_shape(self) -> tuple[int, ...] | None:
-        """Height, width, channels of the images the built-in CNN serves; None for a model_fn's model."""
-        return None if self.model_fn else tuple(self.meta["image_shape"])
+    kind: ModelKind
+    reader: Reader
 
     def steps(self, config: TrainConfig, global_batch: int) -> int:
         """Steps per epoch: the configured number, else one pass over the training split."""
-        return config.optim.steps_per_epoch or max(1, self.meta["splits"]["train"]["num_examples"] // global_batch)
+        return config.optim.steps_per_epoch or max(1, self.meta.num_examples("train") // global_batch)
 
 
 def prepare(config: TrainConfig, chief: bool) -> Prepared:
     """Checks the inputs and outputs, then sizes TensorFlow's thread pools and seeds weights, shuffles and dropout.
 
-    The dataset is checked (the test split too when validating), and on the chief that the outputs are writable.
+    The model's kind is chosen here, once (`trainer.modeling.kinds.choose`), and refuses what it cannot honour. The
+    dataset is checked (the test split too when validating), and on the chief that the outputs are writable.
 
     Raises:
         UsageError: a missing or corrupt dataset, an output location that cannot be written, a model_fn that cannot
@@ -62,26 +61,15 @@ def prepare(config: TrainConfig, chief: bool) -> Prepared:
     import tensorflow as tf
     import tf_keras as keras
 
-    from trainer.core.functions import load
-
     runtime = config.runtime
-    meta = load_metadata(runtime.data_dir)
-    model_fn = config.model.model_fn
-    if model_fn and config.cluster.strategy != "multi_worker_mirrored":
-        raise UsageError(
-            f"model_fn {model_fn!r} is not allowed with strategy {config.cluster.strategy!r}; allowed: "
-            "multi_worker_mirrored"
-        )
-    if functions.is_saved(meta) and not model_fn:
-        raise UsageError(
-            f"dataset {runtime.data_dir!r} was prepared from source {meta['source']!r}, whose features the built-in "
-            "CNN cannot train on; allowed: model_fn naming your model's function, with strategy "
-            "multi_worker_mirrored"
-        )
-    if not functions.is_saved(meta):
-        verify_split(runtime.data_dir, meta, "train")
-        if config.optim.validate:
-            verify_split(runtime.data_dir, meta, "test")
+    meta = DatasetMetadata.read(runtime.data_dir)
+    kind = kinds.choose(config.model)
+    kind.check_settings(strategy=config.cluster.strategy)
+    kind.check_data(runtime.data_dir, meta)
+    reader = kind.reader(runtime.data_dir, meta)
+    reader.verify("train")
+    if config.optim.validate:
+        reader.verify("test")
     log_dir = run_log_dir(runtime.tensorboard_dir, runtime.run_id) if runtime.tensorboard_dir else ""
     if chief:
         check_writable_parent(runtime.model_dir)
@@ -101,9 +89,8 @@ def prepare(config: TrainConfig, chief: bool) -> Prepared:
         ranges(os.sched_getaffinity(0)),
     )
     keras.utils.set_random_seed(config.data.seed)
-    if not model_fn:
-        return Prepared(meta, log_dir, threads.intra)
-    return Prepared(meta, log_dir, threads.intra, load(model_fn, f"model_fn {model_fn!r}"))
+    kind.load()
+    return Prepared(meta, log_dir, threads.intra, kind, reader)
 
 
 @dataclasses.dataclass
@@ -136,15 +123,15 @@ def build(
 ) -> Built:
     """Builds and compiles the model in the strategy's scope and restores the checkpoint to resume after.
 
-    The built-in CNN's learning rate follows a cosine over the run and `steps_per_execution` steps run per call
-    (`build_model`); a model_fn's model comes compiled as its function compiled it (`trainer.modeling.user`).
+    The model's kind builds it (`ModelKind.build`): the built-in CNN's learning rate follows a cosine over the run
+    and `steps_per_execution` steps run per call; a model_fn's model comes compiled as its function compiled it.
 
     Args:
         config: the training configuration.
-        prepared: what `prepare` found (the dataset's metadata, model_fn).
+        prepared: what `prepare` found (the dataset's metadata and reader, the model's kind).
         strategy: the distribution strategy whose scope holds the variables.
         tf_config: this task's TF_CONFIG (None: one process), which names its checkpoint home.
-        learning_rate: the built-in CNN's peak learning rate.
+        learning_rate: the peak learning rate of a model the trainer compiles.
         steps: steps per epoch.
         examples_per_epoch: for the throughput records.
         resume_epoch: the epoch to resume after (`trainer.training.callbacks.EpochCheckpoints.restore`).
@@ -155,30 +142,11 @@ def build(
         UsageError: the model does not report the gate's metric (naming the metrics it does report), or model_fn
             failed or returned something else than a compiled tf-keras model.
     """
-    from trainer.evaluation.metrics import CNN_METRICS
-    from trainer.modeling.cnn import build_model
-    from trainer.modeling.user import build_user_model, reported_metrics
-
     if gate is None and config.publish.gate:
         gate = Gate.of(config.publish.gate, config.publish.min_accuracy)
+    compiled = Compiled(learning_rate, config.optim.epochs * steps, config.optim.steps_per_execution)
     with strategy.scope():
-        if prepared.model_fn:
-            spec = config.model.model_fn
-            features = features_spec(config.runtime.data_dir, prepared.meta)
-            model = build_user_model(prepared.model_fn, spec, features)
-            if gate is not None:
-                one = next(iter(examples(config.runtime.data_dir, prepared.meta, "train").batch(1)))
-                gate.check_reported(reported_metrics(model, one, spec), f"model_fn {spec!r}")
-        else:
-            if gate is not None:
-                gate.check_reported(CNN_METRICS, "the built-in CNN")
-            model = build_model(
-                prepared.image_shape,
-                prepared.meta["num_classes"],
-                learning_rate,
-                decay_steps=config.optim.epochs * steps,
-                steps_per_execution=config.optim.steps_per_execution,
-            )
+        model = prepared.kind.build(prepared.reader, compiled, gate)
         throughput = ThroughputHistory(examples_per_epoch)
         checkpoints = EpochCheckpoints(model, home_for(config, tf_config), throughput)
         done = checkpoints.restore(resume_epoch)

@@ -11,19 +11,19 @@ import json
 import os
 import sys
 
-from trainer.cli import run_cli
 from trainer.cluster.supervisor import CONFIG_ENV, RESUME_ENV, die_with_supervisor, report_formed
-from trainer.cluster.tf_config import parse_tf_config
+from trainer.cluster.topology import parse_tf_config
 from trainer.config.contract import TrainConfig
+from trainer.core.entry import run_cli
 
 
 def check_topology(config: TrainConfig, tf_config: dict | None) -> None:
     """Refuses a cluster the strategy cannot train on, before any process starts."""
     from trainer.core.errors import UsageError
-    from trainer.training.parameter_server import check_topology as check_ps_topology
+    from trainer.training import parameter_server
 
     if config.cluster.strategy == "parameter_server":
-        check_ps_topology(tf_config, config)
+        parameter_server.check_topology(tf_config, config)
     elif tf_config and tf_config["cluster"].get("ps"):
         raise UsageError(
             "TF_CONFIG has 'ps' tasks but the strategy is multi_worker_mirrored; "
@@ -36,15 +36,14 @@ def run_task(config: TrainConfig, tf_config: dict | None, resume_epoch: int | No
 
     `resume_epoch` is the epoch the supervisors agreed to resume after (None: the task's own latest checkpoint).
     """
-    from trainer.training import mirrored
-    from trainer.training import parameter_server as ps
+    from trainer.training import mirrored, parameter_server
 
     check_topology(config, tf_config)
     if config.cluster.strategy == "parameter_server":
         if tf_config["task"]["type"] in ("ps", "worker"):
-            ps.run_server(config, tf_config, on_started=report_formed)
+            parameter_server.run_server(config, tf_config, on_started=report_formed)
         else:
-            ps.run(config, tf_config, on_formed=report_formed)
+            parameter_server.run(config, tf_config, on_formed=report_formed)
         return 0
     mirrored.run(config, tf_config, on_formed=report_formed, resume_epoch=resume_epoch)
     return 0

@@ -9,3 +9,6 @@ run as one process in that image, with a lost pod on the way).
 # How far below the single-process baseline's test AUC the 2-worker run may land (the same data, epochs and global
 # batch per worker; on 143 held-out tumours one misordered pair moves the AUC by about 0.0001).
 AUC_MARGIN = 0.01
+
+# The epochs and global batch of both runs, the baseline's and the distributed one's.
+EPOCHS, GLOBAL_BATCH = "200", 128

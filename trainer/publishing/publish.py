@@ -14,7 +14,7 @@ assembled under `.staging-<second>-<random>` and only then becomes `<version>`:
   one object completes, no reader finds a SavedModel in the version, so none can load half of one.
 
 Several runs may publish to one `publish_uri` at once. Each step that two of them could race on is a conditional
-write (`trainer.storage.conditional`), so the end state is the same as if they had published one after another
+write (`trainer.publishing.conditional`), so the end state is the same as if they had published one after another
 in the order in which they moved `latest.json`:
 
 0. Withdraw what dead runs left above `latest.json`'s version: a number claimed more than `STALE_CLAIM` seconds
@@ -66,11 +66,11 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from trainer.config import registry as settings
+from trainer.config import settings
+from trainer.config.gate import Gate
 from trainer.core.errors import EXIT_TERMINATED, StoreUnavailableError, UsageError
 from trainer.core.files import json_bytes
-from trainer.evaluation.gate import Gate
-from trainer.storage import conditional
+from trainer.publishing import conditional
 from trainer.storage.locations import Location
 
 log = logging.getLogger(__name__)
@@ -186,7 +186,7 @@ def publish(
         publish_uri: a path, `s3://BUCKET/PREFIX` or `gs://BUCKET/PREFIX`.
         lineage: run, dataset, model URI and training parameters, recorded in `metrics.json` and `latest.json`.
         s3_endpoint: the S3 endpoint URL (SeaweedFS, MinIO); empty: AWS.
-        refused: what to add when the store refuses a call (`trainer.storage.kfp.Store.refused`).
+        refused: what to add when the store refuses a call (`trainer.storage.kfpstore.Store.refused`).
         gate: the quality gate, whose metric and direction rank models (default: higher accuracy is better).
         clock: the time in Unix seconds: the lowest version number to claim, and what claims' ages are taken from.
         nonce: the random part (0 to SPREAD - 1) of a version number on a store that ignores conditional writes.

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from trainer.core.errors import UsageError
+from trainer.core.tasks import TaskId
 
 TASK_TYPES = ("chief", "worker", "ps", "evaluator")
 _HOSTNAME = re.compile(
@@ -67,19 +68,23 @@ def make_cluster(workers: Sequence[str], chief: str | None = None, ps: Sequence[
 
 
 def assign_addresses(
-    addresses: Sequence[str], num_workers: int, num_ps: int = 0, chief: bool = False
+    addresses: Sequence[str], num_workers: int, num_ps: int = 0, chief: bool = False, evaluator: bool = False
 ) -> dict[str, list[str]]:
     """A cluster spec from addresses listed in `task_order`.
 
-    The chief first (with ps, or when asked), then the workers, then the ps; without ps and chief all are workers.
+    The chief first (with ps, or when asked), then the workers, then the ps, then the evaluator; without ps and chief
+    all are workers. A chief alone has no `worker` job.
     """
     cluster: dict[str, list[str]] = {}
     first = 1 if chief or num_ps else 0
     if first:
         cluster["chief"] = list(addresses[:1])
-    cluster["worker"] = list(addresses[first : first + num_workers])
+    if num_workers or not first:
+        cluster["worker"] = list(addresses[first : first + num_workers])
     if num_ps:
         cluster["ps"] = list(addresses[first + num_workers : first + num_workers + num_ps])
+    if evaluator:
+        cluster["evaluator"] = list(addresses[first + num_workers + num_ps :][:1])
     return cluster
 
 
@@ -93,7 +98,7 @@ class Task(NamedTuple):
     @property
     def name(self) -> str:
         """The task as log lines and errors name it."""
-        return f"{self.job} {self.index}"
+        return TaskId(self.job, self.index).name
 
 
 def tasks(cluster: Mapping[str, Sequence[str]]) -> list[Task]:
@@ -147,14 +152,18 @@ def validate_cluster(cluster: Mapping[str, Sequence[str]]) -> dict[str, list[str
 
 
 def build_tf_config(
-    cluster: Mapping[str, Sequence[str]] | Sequence[str], task_type: str, task_index: int
+    cluster: Mapping[str, Sequence[str]] | Sequence[str],
+    task_type: str,
+    task_index: int,
+    environment: str | None = None,
 ) -> dict[str, Any]:
-    """Returns the TF_CONFIG dict for one task.
+    """Returns the TF_CONFIG dict for one task, the cluster checked (`validate_cluster`).
 
     Args:
         cluster: a cluster spec (`{"worker": [...], "chief": [...], "ps": [...]}`) or a plain list of worker addresses.
         task_type: this task's job name, one of `chief`, `worker`, `ps`, `evaluator`.
         task_index: this task's position within its job.
+        environment: TF_CONFIG's `environment` key (`cloud`, as TFJob's operator sets it); None: no such key.
 
     Raises:
         UsageError: naming the bad value (empty cluster, duplicate address, unknown task type, index out of range...).
@@ -169,7 +178,10 @@ def build_tf_config(
     size = len(spec[task_type])
     if not 0 <= task_index < size:
         raise UsageError(f"task index {task_index} is out of range for {task_type!r}; allowed: 0 to {size - 1}")
-    return {"cluster": spec, "task": {"type": task_type, "index": task_index}}
+    built: dict[str, Any] = {"cluster": spec, "task": {"type": task_type, "index": task_index}}
+    if environment is not None:
+        built["environment"] = environment
+    return built
 
 
 def parse_tf_config(text: str) -> dict[str, Any]:

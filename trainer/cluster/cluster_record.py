@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import uuid
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from trainer.cluster.control import check_secret, new_secret
-from trainer.cluster.tf_config import validate_cluster
+from trainer.cluster.topology import validate_cluster
 from trainer.core.errors import UsageError
-from trainer.core.files import check_writable_parent, json_bytes, write_bytes
+from trainer.core.files import check_writable_parent, json_bytes, read_json, write_bytes, write_json
+from trainer.core.tasks import TaskId
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +86,7 @@ class ClusterRecord:
 
         Raises:
             NoSpaceError, DeniedError, QuotaError, StoreUnavailableError: the disk or store failed the write
-                (`trainer.storage.faults`); nothing is left behind.
+                (`trainer.core.faults`); nothing is left behind.
         """
         path = os.path.join(directory, self.FILE)
         data = json_bytes(dict(self.to_json(), secret=self.secret))
@@ -104,8 +104,7 @@ class ClusterRecord:
         """
         path = os.path.join(directory, cls.FILE)
         try:
-            with open(path) as f:
-                data = json.load(f)
+            data = read_json(path)
         except (OSError, ValueError) as err:
             raise UsageError(f"cluster file {path!r} cannot be read: {err}") from None
         return cls.from_json(data, path)
@@ -113,7 +112,7 @@ class ClusterRecord:
 
 def _write_private(path: str, data: bytes) -> None:
     """Writes `data` to the local `path` whole, readable and writable by its owner only from its creation on."""
-    from trainer.storage.faults import classify
+    from trainer.core.faults import classify
 
     check_writable_parent(path)
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
@@ -129,3 +128,32 @@ def _write_private(path: str, data: bytes) -> None:
         if fault is None:
             raise
         raise fault from err
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskRecord:
+    """worker.json: what a task that is not the chief leaves in its model directory (the chief leaves the model).
+
+    Attributes:
+        task: the task, `type:index` (`worker:1`, `ps:0`, `evaluator:0`).
+        chief: always False in the file (the chief writes its model instead); the step's metadata says it as well.
+    """
+
+    task: str
+    chief: bool = False
+
+    FILE: ClassVar[str] = "worker.json"
+
+    @classmethod
+    def of(cls, job: str, index: int, chief: bool = False) -> TaskRecord:
+        """The record of task `job` `index`."""
+        return cls(TaskId(job, index).label, chief)
+
+    def to_json(self) -> dict[str, Any]:
+        """The file's content, and the step's artifact metadata."""
+        return {"task": self.task, "chief": self.chief}
+
+    def write(self, directory: str) -> None:
+        """Writes worker.json into `directory` (created when missing)."""
+        os.makedirs(directory, exist_ok=True)
+        write_json(os.path.join(directory, self.FILE), self.to_json())

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import IO
 
 from trainer.cluster.control import ADDRESSES_ENV, SECRET_ENV, new_secret
-from trainer.cluster.tf_config import assign_addresses, build_tf_config, tasks
+from trainer.cluster.topology import assign_addresses, build_tf_config, tasks
 from trainer.config.checks import Check, int_between, is_int, require
 from trainer.core import cpus
 from trainer.core.errors import UsageError
@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 MAX_LOCAL_WORKERS = 16
 LOCAL_PS = f"0 (mirrored) or 1 to {MAX_LOCAL_WORKERS}"
+GPU_ENV = "CUDA_VISIBLE_DEVICES"
+NVIDIA_PROC = "/proc/driver/nvidia/gpus"
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -44,20 +46,83 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
-def local_topology(workers: int, ps: int) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+def local_topology(
+    workers: int, ps: int, chief: bool = False, evaluator: bool = False
+) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
     """Loopback addresses for the TF servers and for the supervisors' control channels.
 
-    Both are shaped alike: `{"worker": [...]}`, or with parameter servers `{"chief", "worker", "ps"}`.
+    Both are shaped alike (`assign_addresses`): `{"worker": [...]}`, with parameter servers (or when asked) a chief
+    too (which may then be alone, without workers), and an evaluator when asked.
     """
-    require("workers", workers, int_between(1, MAX_LOCAL_WORKERS))
+    require("workers", workers, int_between(0 if chief else 1, MAX_LOCAL_WORKERS))
     require("ps", ps, Check(lambda v: is_int(v) and 0 <= v <= MAX_LOCAL_WORKERS, LOCAL_PS))
-    total = workers + ps + 1 if ps else workers
+    total = workers + ps + (1 if ps or chief else 0) + (1 if evaluator else 0)
     if total > MAX_LOCAL_WORKERS:
         raise UsageError(
             f"chief + {ps} ps + {workers} workers is not allowed; allowed: 1 to {MAX_LOCAL_WORKERS} processes"
         )
     addresses = [f"localhost:{port}" for port in free_ports(2 * total)]
-    return assign_addresses(addresses[:total], workers, ps), assign_addresses(addresses[total:], workers, ps)
+    return (
+        assign_addresses(addresses[:total], workers, ps, chief, evaluator),
+        assign_addresses(addresses[total:], workers, ps, chief, evaluator),
+    )
+
+
+def visible_gpus(
+    env: dict[str, str] | None = None, smi: Sequence[str] = ("nvidia-smi", "-L"), proc: str = NVIDIA_PROC
+) -> tuple[list[str], str]:
+    """The GPUs this process may hand out, as CUDA_VISIBLE_DEVICES entries, and what says so.
+
+    Its own CUDA_VISIBLE_DEVICES when set (CUDA's rule: the entries up to the first invalid one, such as -1), else one
+    index per line of `nvidia-smi -L`, else one per entry of /proc/driver/nvidia/gpus, else none.
+    """
+    env = os.environ if env is None else env
+    if GPU_ENV in env:
+        found = []
+        for entry in (part.strip() for part in env[GPU_ENV].split(",")):
+            if not entry or entry.startswith("-"):
+                break
+            found.append(entry)
+        return found, f"{GPU_ENV}={env[GPU_ENV]!r}"
+    try:
+        listed = subprocess.run(list(smi), capture_output=True, text=True, timeout=30, check=False)
+        lines = [line for line in listed.stdout.splitlines() if line.startswith("GPU ")]
+        if listed.returncode == 0 and lines:
+            return [str(i) for i in range(len(lines))], "nvidia-smi -L"
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    try:
+        entries = sorted(os.listdir(proc))
+    except OSError:
+        entries = []
+    return [str(i) for i in range(len(entries))], proc if entries else "no nvidia-smi and no " + proc
+
+
+def gpu_assignments(
+    task_jobs: Sequence[str], per_worker: int, visible: Sequence[str], source: str = "this machine"
+) -> list[str] | None:
+    """Each task's CUDA_VISIBLE_DEVICES: `per_worker` GPUs of its own for every worker, none for the others.
+
+    Args:
+        task_jobs: each task's job (worker, chief, ps), in the launcher's order.
+        per_worker: GPUs per worker; 0: None, every task keeps the launcher's environment.
+        visible: the GPUs to hand out (`visible_gpus`).
+        source: what says which GPUs are visible, for the error.
+
+    Raises:
+        UsageError: a negative count, or more GPUs than are visible.
+    """
+    require("gpus_per_worker", per_worker, Check(lambda v: is_int(v) and v >= 0, "0 or more"))
+    if not per_worker:
+        return None
+    workers = sum(1 for job in task_jobs if job == "worker")
+    if per_worker * workers > len(visible):
+        raise UsageError(
+            f"gpus_per_worker {per_worker} is not allowed: {workers} workers x {per_worker} GPUs is more than the "
+            f"{len(visible)} GPUs this launcher can see ({source}); allowed: at most {len(visible) // max(workers, 1)}"
+        )
+    given = iter(visible)
+    return [",".join(next(given) for _ in range(per_worker)) if job == "worker" else "" for job in task_jobs]
 
 
 def _pump(label: str, stream: IO[bytes], last_error: dict[str, str]) -> None:
@@ -75,7 +140,8 @@ class WorkerGroup:
     A task's process that dies whole, killed by a signal (SIGKILL, the OOM killer), is the local model of a lost
     pod: with `replacements` left it is started again with the same TF_CONFIG, as Kubernetes re-creates a pod, and
     its supervisor rejoins the survivors (`trainer.cluster.supervisor`). A process that exits with a code of its own has
-    decided for good. With control addresses every process gets them (`TRAINER_CONTROL`) and one secret of this group,
+    decided for good. With `gpus` (`gpu_assignments`) each task's CUDA_VISIBLE_DEVICES is its entry. With control
+    addresses every process gets them (`TRAINER_CONTROL`) and one secret of this group,
     generated here (`TRAINER_CONTROL_SECRET`), which its supervisor keeps from the training process.
     """
 
@@ -89,6 +155,7 @@ class WorkerGroup:
         control: dict[str, list[str]] | None = None,
         replacements: int = 0,
         pin: bool = True,
+        gpus: Sequence[str] | None = None,
     ) -> None:
         self.command = list(command)
         self.cluster = cluster
@@ -104,6 +171,7 @@ class WorkerGroup:
         self.tolerated: dict[str, int] = {}
         self.replaced: dict[str, int] = {}
         self.replacements = replacements
+        self.gpus = list(gpus) if gpus is not None else None
         self._pumps: list[threading.Thread] = []
         budget = cpus.cpu_budget()
         self.shares = cpus.shares(len(self.tasks), pin, budget)
@@ -126,6 +194,13 @@ class WorkerGroup:
         env.setdefault(cpus.INTRA_ENV, str(share.threads))
         env.setdefault(cpus.INTER_ENV, str(cpus.INTER_OP_THREADS))
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+        if self.gpus is not None:
+            env[GPU_ENV] = self.gpus[position]
+            # nvidia-smi numbers the GPUs in PCI bus order; CUDA, unless told, fastest first.
+            env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+            where_gpus = f", {GPU_ENV}={self.gpus[position]!r}"
+        else:
+            where_gpus = ""
         env["PYTHONUNBUFFERED"] = "1"
         proc = subprocess.Popen(
             self.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
@@ -139,7 +214,13 @@ class WorkerGroup:
         pump.start()
         self._pumps.append(pump)
         log.info(
-            "started %s (pid %d)%s, %s=%s", self.labels[position], proc.pid, where, cpus.INTRA_ENV, env[cpus.INTRA_ENV]
+            "started %s (pid %d)%s, %s=%s%s",
+            self.labels[position],
+            proc.pid,
+            where,
+            cpus.INTRA_ENV,
+            env[cpus.INTRA_ENV],
+            where_gpus,
         )
         return proc
 

@@ -1,13 +1,13 @@
 """Every task of a TFJob-shaped job at once, as local processes: what `pipelines/tfjob.py --local` runs.
 
 Each task (the chief, the parameter servers, the workers, the evaluator) is one process running the step a
-compiled pipeline's task runs, `trainer.command.run.command_task`, with the contract's exit codes
+compiled pipeline's task runs, `trainer.steps.command_task`, with the contract's exit codes
 (`trainer.core.errors`): the same TF_CONFIG, supervisor, restarts in place and, in a job with parameter servers,
 the same chief status. Its lines go to this process's stdout prefixed with its name (`[worker 1] ...`) and to its
 own log file:
 
     ROOT/cluster/cluster.json
-    ROOT/tasks/<type>-<index>/task.json   the task's arguments (`python -m trainer.command.local task.json` runs it)
+    ROOT/tasks/<type>-<index>/task.json   the task's arguments (`python -m trainer.local_job task.json` runs it)
     ROOT/tasks/<type>-<index>/task.log    its output
     ROOT/tasks/<type>-<index>/model/      its MODEL_DIR: the chief's saved_model/ and job.json
 
@@ -32,13 +32,13 @@ import uuid
 from collections.abc import Sequence
 from typing import IO, Any
 
-from trainer.command import run
-from trainer.command.tfjob import JobSpec, Replica
-from trainer.config import registry as settings
+from trainer.command.tfjob_spec import JobSpec, Replica
+from trainer.config import settings
 from trainer.core import cpus
 from trainer.core.errors import EXIT_FAILED, TaskFailedError, UsageError
 from trainer.core.files import read_json, write_json
 from trainer.core.processes import is_error_line, shell_code, signal_group
+from trainer.core.tasks import TaskId
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +68,12 @@ class Task:
     @property
     def name(self) -> str:
         """`worker 1`: how the supervisor and this runner name it."""
-        return f"{self.type} {self.index}"
+        return TaskId(self.type, self.index).name
 
     @property
     def directory(self) -> str:
         """`worker-1`: its directory under ROOT/tasks."""
-        return f"{self.type}-{self.index}"
+        return TaskId(self.type, self.index).directory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,7 +204,7 @@ class _Runner:
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
             env["PYTHONUNBUFFERED"] = "1"
             proc = subprocess.Popen(
-                [sys.executable, "-m", "trainer.command.local", path],
+                [sys.executable, "-m", "trainer.local_job", path],
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -272,8 +272,10 @@ def _ignore(signals: Sequence[int]) -> None:
 
 def _create_cluster(job: JobSpec, directory: str, run_id: str) -> None:
     """The job's cluster.json, as the pipeline's `create job cluster` step writes it."""
+    from trainer import steps
+
     servers, workers = job.replica("ps"), job.replica("worker")
-    run.create_job_cluster(
+    steps.create_job_cluster(
         output_dir=directory,
         run_id=run_id,
         chief=job.replica("chief") is not None,
@@ -297,7 +299,7 @@ def run_job(
     run_id: str | None = None,
     evaluator_grace: float = EVALUATOR_GRACE,
 ) -> JobRun:
-    """Runs every task of `job` at once as a local process, each `command_task` as the pipeline's task runs it.
+    """Runs every task of `job` at once as a local process, each `steps.command_task` as the pipeline's task runs it.
 
     The run succeeds when the chief's task succeeded and no other task failed; an evaluator's exit never fails it,
     and once the others have succeeded an evaluator still running has `evaluator_grace` seconds to end before it is
@@ -445,15 +447,15 @@ def _wait(runner: _Runner, exits: list[tuple[Task, int]], evaluator_grace: float
 
 def _task(argv: Sequence[str]) -> dict[str, Any]:
     if len(argv) != 1 or not os.path.isfile(argv[0]):
-        raise UsageError(
-            f"{' '.join(argv) or 'nothing'} is not allowed; usage: python -m trainer.command.local TASK.json"
-        )
-    return run.command_task(**read_json(argv[0]))
+        raise UsageError(f"{' '.join(argv) or 'nothing'} is not allowed; usage: python -m trainer.local_job TASK.json")
+    from trainer import steps
+
+    return steps.command_task(**read_json(argv[0]))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """One task: `command_task` with the arguments in the JSON file named by the one argument; the exit code."""
-    from trainer.cli import run_cli
+    """One task: `steps.command_task` with the arguments in the JSON file named by the one argument; the exit code."""
+    from trainer.core.entry import run_cli
 
     args = list(sys.argv[1:] if argv is None else argv)
     return run_cli(lambda: _task(args))

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from trainer.core.errors import UsageError
 from trainer.core.files import exists, read_json, write_json
+
+if TYPE_CHECKING:
+    from trainer.config.contract import TrainConfig
+    from trainer.records.dataset import DatasetMetadata
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,9 +36,12 @@ class History:
         image_shape: height, width, channels (empty for a dataset from a function).
         run_id: the pipeline run's id.
         tensorboard: where the run's TensorBoard event files are; empty: none.
-        parameters: the settings a user chose (`num_workers`, `epochs`, `batch_size`, `learning_rate`, `seed`).
+        parameters: the main settings (`num_workers`, `epochs`, `batch_size`, `learning_rate` (for a model_fn's
+            model, the one it was compiled with), `seed`), the lineage a published model carries.
         parameter_servers: parameter servers (parameter-server strategy); 0 otherwise.
         model_fn: the function that built the model (`package.module:function`); empty: the built-in CNN.
+        config: the whole training configuration, group by group (`TrainConfig.to_dict()`); empty in histories
+            written before it was recorded.
     """
 
     epochs: tuple[dict[str, Any], ...]
@@ -51,18 +58,16 @@ class History:
     parameters: dict[str, Any]
     parameter_servers: int = 0
     model_fn: str = ""
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     FILE: ClassVar[str] = "history.json"
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("parameter_servers", "model_fn", "config")
 
     def to_json(self) -> dict[str, Any]:
-        """The history as history.json holds it."""
+        """The history as history.json holds it (an optional field only when it is set)."""
         data = dataclasses.asdict(self)
         data.update(epochs=list(self.epochs), class_names=list(self.class_names), image_shape=list(self.image_shape))
-        if not self.parameter_servers:
-            del data["parameter_servers"]
-        if not self.model_fn:
-            del data["model_fn"]
-        return data
+        return {k: v for k, v in data.items() if v or k not in self.OPTIONAL}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], where: str = FILE) -> History:
@@ -72,7 +77,7 @@ class History:
             UsageError: naming `where` and the fields it lacks.
         """
         fields = {f.name for f in dataclasses.fields(cls)}
-        required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
+        required = fields - set(cls.OPTIONAL)
         missing = sorted(required - set(data)) if isinstance(data, Mapping) else sorted(required)
         if missing:
             raise UsageError(f"{where!r} is not a training history: it lacks {', '.join(missing)}")
@@ -85,8 +90,13 @@ class History:
     @property
     def lineage(self) -> dict[str, Any]:
         """What a published model records of the run that trained it."""
-        lineage = {"run_id": self.run_id, "dataset": self.dataset, "parameters": dict(self.parameters)}
-        return {**lineage, "model_fn": self.model_fn} if self.model_fn else lineage
+        lineage = {
+            "run_id": self.run_id,
+            "dataset": self.dataset,
+            "parameters": dict(self.parameters),
+            "model_fn": self.model_fn,
+        }
+        return {k: v for k, v in lineage.items() if v or k not in self.OPTIONAL}
 
     def write(self, directory: str) -> None:
         """Writes history.json into `directory` (whole, or not at all)."""
@@ -113,17 +123,31 @@ class History:
 
 
 def of_run(
-    config: Any,
-    meta: Mapping[str, Any],
+    config: TrainConfig,
+    meta: DatasetMetadata,
     epochs: list[dict[str, Any]],
     workers: int,
     global_batch: int,
     steps: int,
     learning_rate: float,
     parameter_servers: int = 0,
+    recorded_learning_rate: float | None = None,
 ) -> History:
-    """The history of a run of `config` on the dataset `meta` describes."""
-    from trainer.training.callbacks import run_log_dir
+    """The history of a run of `config` on the dataset `meta` describes, with the whole configuration.
+
+    Args:
+        config: the run's `TrainConfig`.
+        meta: the prepared dataset's metadata.
+        epochs: the epochs' records.
+        workers: training workers.
+        global_batch: examples per step over all workers.
+        steps: steps per epoch.
+        learning_rate: the peak learning rate the model trained with.
+        parameter_servers: parameter servers (parameter-server strategy).
+        recorded_learning_rate: the learning rate the parameters record, as the model's kind says
+            (`ModelKind.recorded_learning_rate`); None: the learning_rate setting.
+    """
+    from trainer.core.runs import run_log_dir
 
     runtime = config.runtime
     return History(
@@ -133,18 +157,19 @@ def of_run(
         global_batch_size=global_batch,
         steps_per_epoch=steps,
         learning_rate=learning_rate,
-        dataset=meta.get("source"),
-        class_names=tuple(meta.get("class_names", ())),
-        image_shape=tuple(meta.get("image_shape", ())),
+        dataset=meta.source,
+        class_names=meta.class_names,
+        image_shape=tuple(meta.image_shape or ()),
         run_id=runtime.run_id,
         tensorboard=run_log_dir(runtime.tensorboard_dir, runtime.run_id) if runtime.tensorboard_dir else "",
         parameters={
             "num_workers": workers,
             "epochs": config.optim.epochs,
             "batch_size": config.optim.batch_size,
-            "learning_rate": learning_rate if config.model.model_fn else config.optim.learning_rate,
+            "learning_rate": config.optim.learning_rate if recorded_learning_rate is None else recorded_learning_rate,
             "seed": config.data.seed,
         },
         parameter_servers=parameter_servers,
         model_fn=config.model.model_fn,
+        config=config.to_dict(),
     )

@@ -15,10 +15,10 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from trainer.cluster import tf_config
-from trainer.cluster.tf_config import split_address
+from trainer.cluster import topology
+from trainer.cluster.topology import split_address
 from trainer.core.errors import StartupTimeoutError
-from trainer.k8s import objects as k8s
+from trainer.k8s import objects
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +59,13 @@ def join_cluster(
         StartupTimeoutError: a name did not resolve within `timeout`, or a peer's pod stayed unschedulable.
         KubernetesError: an API call was refused.
     """
-    api = api or k8s.core_api()
-    namespace, pod = k8s.namespace(), k8s.pod_name()
-    tasks = [(task.name, task.address) for task in tf_config.tasks(spec)]
+    api = api or objects.core_api()
+    namespace, pod = objects.namespace(), objects.pod_name()
+    tasks = [(task.name, task.address) for task in topology.tasks(spec)]
     position = [address for _, address in tasks].index(spec[job][index])
     port = split_address(spec[job][index])[1]
-    k8s.ensure_service(api, namespace, run_id, position, port, k8s.workflow_owner(api, namespace, pod))
-    k8s.label_own_pod(api, namespace, pod, run_id, position)
+    objects.ensure_service(api, namespace, run_id, position, port, objects.workflow_owner(api, namespace, pod))
+    objects.label_own_pod(api, namespace, pod, run_id, position)
     wait_for_names(api, namespace, run_id, tasks, position, own_ip(), timeout, unschedulable_timeout, resolve)
     return position
 
@@ -78,7 +78,7 @@ def leave_cluster(run_id: str, position: int, api: Any = None) -> None:
     from trainer.core.errors import KubernetesError
 
     try:
-        k8s.delete_service(api or k8s.core_api(), k8s.namespace(), run_id, position)
+        objects.delete_service(api or objects.core_api(), objects.namespace(), run_id, position)
     except KubernetesError as err:
         log.warning("could not delete this task's Service: %s", err)
 
@@ -146,7 +146,7 @@ def _age(when: Any) -> float:
 def unschedulable_pods(api: Any, namespace: str, run_id: str, longer_than: float) -> list[str]:
     """`"pod: Pending: <scheduler's message>"` for each pod of the run unschedulable for more than `longer_than` s."""
     found = []
-    for pod in _pods(api, namespace, f"{k8s.KFP_RUN_LABEL}={run_id}") or []:
+    for pod in _pods(api, namespace, f"{objects.KFP_RUN_LABEL}={run_id}") or []:
         condition = _scheduled_condition(pod)
         if (
             pod.status.phase == "Pending"
@@ -180,7 +180,9 @@ def describe_missing(
 
     A clause names the task, its address, its pod (or that none has joined) and the pod's phase and reason.
     """
-    joined = {p.metadata.labels.get(k8s.INDEX_LABEL): p for p in _pods(api, namespace, k8s.selector(run_id)) or []}
+    joined = {
+        p.metadata.labels.get(objects.INDEX_LABEL): p for p in _pods(api, namespace, objects.selector(run_id)) or []
+    }
     clauses = []
     for i in missing:
         name, address = tasks[i]
@@ -193,7 +195,9 @@ def describe_missing(
             )
         else:
             clauses.append(f"{name} at {address}: no pod has joined yet")
-    others = [p for p in _pods(api, namespace, f"{k8s.KFP_RUN_LABEL}={run_id}") or [] if p.status.phase == "Pending"]
+    others = [
+        p for p in _pods(api, namespace, f"{objects.KFP_RUN_LABEL}={run_id}") or [] if p.status.phase == "Pending"
+    ]
     if others:
         clauses.append(
             "pods of this run not running: " + "; ".join(f"{p.metadata.name} {_pod_state(p)}" for p in others)

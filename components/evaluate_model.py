@@ -42,7 +42,7 @@ def evaluate(
     from collections import namedtuple
 
     from trainer import steps
-    from trainer.cli import run_step
+    from trainer.core.entry import run_step
 
     verdict = run_step(
         steps.evaluate,

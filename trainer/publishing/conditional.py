@@ -1,6 +1,6 @@
 """Conditional writes on a path, S3 and GCS: create a name only if it is free, replace a document only if unchanged.
 
-Publishing (`trainer.storage.publish`) claims its version number with `create` and moves `latest.json` on with
+Publishing (`trainer.publishing.publish`) claims its version number with `create` and moves `latest.json` on with
 `replace`, so that concurrent publishers to one location never share a number and never overwrite each other's
 `latest.json` unseen. What each store offers:
 
@@ -17,7 +17,7 @@ location probes: it creates a probe object twice with `If-None-Match: *` and rep
 both must be refused with 412. A server that accepts either, or answers 400 or 501 to the headers, is used without
 conditions: `create` checks, writes and reads back, `replace` compares, writes and reads back, and a warning says
 so. That does not exclude two writers: both can read "absent" (or the same ETag), both write, and each read back
-its own write before the other's lands. `trainer.storage.publish` copes with that as far as it can (version
+its own write before the other's lands. `trainer.publishing.publish` copes with that as far as it can (version
 numbers with a random part, checks after promoting and after replacing latest.json) and says what is left.
 
 A conditional write whose response was lost is retried by the store's client (or `Location.call`) and then
@@ -387,10 +387,10 @@ class GcsStore(Store):
         def read() -> Versioned:
             for _ in range(10):
                 try:
-                    meta = fs.call("GET", "b/{}/o/{}", bucket, name, json_out=True)
+                    described = fs.call("GET", "b/{}/o/{}", bucket, name, json_out=True)
                 except FileNotFoundError:
                     return Versioned(None)
-                generation = str(meta["generation"])
+                generation = str(described["generation"])
                 try:
                     _, data = fs.call("GET", "b/{}/o/{}", bucket, name, alt="media", generation=generation)
                 except FileNotFoundError:

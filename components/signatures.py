@@ -14,7 +14,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from trainer.config import registry as contract_settings
+from trainer.config import settings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,22 +42,22 @@ PIPELINE_OVERRIDES: dict[str, Override] = {
 
 def pipeline_default(name: str) -> Any:
     """The default a pipeline parameter or component input of this name gets: the override, else the contract's."""
-    return PIPELINE_OVERRIDES[name].value if name in PIPELINE_OVERRIDES else contract_settings.default(name)
+    return PIPELINE_OVERRIDES[name].value if name in PIPELINE_OVERRIDES else settings.default(name)
 
 
 def is_setting(name: str) -> bool:
     """Whether `name` is a setting of the contract."""
     try:
-        contract_settings.field(name)
+        settings.field(name)
     except KeyError:
         return False
     return True
 
 
-def _docstring(func: Callable[..., Any], settings: list[str]) -> str:
+def _docstring(func: Callable[..., Any], names: list[str]) -> str:
     lines = inspect.cleandoc(func.__doc__ or "").splitlines()
     own = {m.group(1) for line in lines if (m := re.match(r"^    (\w+):", line))}
-    added = [f"    {name}: {contract_settings.help_text(name)}" for name in settings if name not in own]
+    added = [f"    {name}: {settings.help_text(name)}" for name in names if name not in own]
     if added and "Args:" in lines:
         end = lines.index("Args:") + 1
         while end < len(lines) and lines[end].startswith(" "):
@@ -83,17 +83,17 @@ def declare(func: Callable[..., Any], overrides: dict[str, Any] | None = None) -
         TypeError: when a parameter that is not a setting follows one that is (defaults must come last).
     """
     names = list(inspect.signature(func).parameters)
-    settings = [n for n in names if is_setting(n)]
-    if names[len(names) - len(settings) :] != settings:
-        raise TypeError(f"{func.__name__}: contract settings {settings} must be its last parameters")
+    declared = [n for n in names if is_setting(n)]
+    if names[len(names) - len(declared) :] != declared:
+        raise TypeError(f"{func.__name__}: contract settings {declared} must be its last parameters")
     copy = types.FunctionType(
         func.__code__,
         func.__globals__,
         func.__name__,
-        tuple((overrides or {}).get(n, pipeline_default(n)) for n in settings) or None,
+        tuple((overrides or {}).get(n, pipeline_default(n)) for n in declared) or None,
         func.__closure__,
     )
-    copy.__doc__ = _docstring(func, settings)
+    copy.__doc__ = _docstring(func, declared)
     copy.__annotations__ = dict(func.__annotations__)
     copy.__module__ = func.__module__
     copy.__qualname__ = func.__qualname__

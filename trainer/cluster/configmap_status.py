@@ -2,7 +2,8 @@
 
 The chief writes the ConfigMap `tfw-<run key>-status` in its namespace, owned by the run's Argo Workflow like the run's
 Services, so it goes when the run is deleted; parameter servers and workers read it through the API, so no volume or
-bucket is shared (`trainer.storage.status` names the other stores).
+bucket is shared (`trainer.cluster.status` names the other stores and reads and writes the document, a
+`ChiefStatus`).
 """
 
 from __future__ import annotations
@@ -11,32 +12,31 @@ import json
 import logging
 from typing import Any
 
+from trainer.cluster.status import KEY, StatusStore
+
 log = logging.getLogger(__name__)
-
-KEY = "status.json"
-
 
 READ_TIMEOUT = 10.0
 
 
 def configmap_name(run_id: str) -> str:
     """`tfw-<run key>-status`: the run's status ConfigMap."""
-    from trainer.k8s import objects as k8s
+    from trainer.k8s import objects
 
-    return f"tfw-{k8s.run_key(run_id)}-status"
+    return f"tfw-{objects.run_key(run_id)}-status"
 
 
-class ConfigMapStatus:
+class ConfigMapStatus(StatusStore):
     """The status in a ConfigMap of this pod's namespace, through the Kubernetes API (in-cluster or KUBECONFIG)."""
 
     poll_seconds = 2.0
 
     def __init__(self, name: str, run_id: str = "", api: Any = None) -> None:
-        from trainer.k8s import objects as k8s
+        from trainer.k8s import objects
 
         self.name = name
         self.run_id = run_id
-        self.namespace = k8s.namespace()
+        self.namespace = objects.namespace()
         self.where = f"configmap {self.namespace}/{name}"
         self._api = api
         self._created = False
@@ -44,20 +44,20 @@ class ConfigMapStatus:
     @property
     def api(self) -> Any:
         """The CoreV1Api, made on first use."""
-        from trainer.k8s import objects as k8s
+        from trainer.k8s import objects
 
         if self._api is None:
-            self._api = k8s.core_api()
+            self._api = objects.core_api()
         return self._api
 
     def _manifest(self, data: dict[str, str]) -> dict[str, Any]:
-        from trainer.k8s import objects as k8s
+        from trainer.k8s import objects
 
-        labels = {"app.kubernetes.io/name": k8s.APP, "app.kubernetes.io/component": "ps-status"}
+        labels = {"app.kubernetes.io/name": objects.APP, "app.kubernetes.io/component": "ps-status"}
         if self.run_id:
-            labels.update(k8s.run_labels(self.run_id))
+            labels.update(objects.run_labels(self.run_id))
         metadata: dict[str, Any] = {"name": self.name, "labels": labels}
-        owner = k8s.workflow_owner(self.api, self.namespace, k8s.pod_name())
+        owner = objects.workflow_owner(self.api, self.namespace, objects.pod_name())
         if owner:
             metadata["ownerReferences"] = [owner]
         return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data}
@@ -66,7 +66,7 @@ class ConfigMapStatus:
         """Creates the ConfigMap on the first write (a retried chief finds it and patches it), then patches it."""
         from kubernetes.client.exceptions import ApiException
 
-        from trainer.k8s import objects as k8s
+        from trainer.k8s import objects
 
         data = {KEY: json.dumps(document, sort_keys=True)}
         if not self._created:
@@ -77,25 +77,25 @@ class ConfigMapStatus:
                 return
             except ApiException as err:
                 if err.status != 409:
-                    raise k8s.explain(err, "create", "configmaps", self.namespace) from None
+                    raise objects.explain(err, "create", "configmaps", self.namespace) from None
                 self._created = True
         try:
             self.api.patch_namespaced_config_map(self.name, self.namespace, {"data": data})
         except ApiException as err:
-            raise k8s.explain(err, "patch", "configmaps", self.namespace) from None
+            raise objects.explain(err, "patch", "configmaps", self.namespace) from None
 
     def read(self) -> dict[str, Any] | None:
         """The document, or None while the ConfigMap does not exist."""
         from kubernetes.client.exceptions import ApiException
 
-        from trainer.k8s import objects as k8s
+        from trainer.k8s import objects
 
         try:
             found = self.api.read_namespaced_config_map(self.name, self.namespace, _request_timeout=READ_TIMEOUT)
         except ApiException as err:
             if err.status == 404:
                 return None
-            raise k8s.explain(err, "get", "configmaps", self.namespace) from None
+            raise objects.explain(err, "get", "configmaps", self.namespace) from None
         text = (found.data or {}).get(KEY)
         try:
             return json.loads(text) if text else None

@@ -24,11 +24,10 @@ from trainer.config.contract import DataConfig
 from trainer.core.errors import UsageError
 from trainer.core.functions import load
 from trainer.core.user_errors import call_once, judge, retried
+from trainer.records.dataset import SPLITS, DatasetMetadata, Split
 
 log = logging.getLogger(__name__)
 
-FORMAT = "tf.data"
-SPLITS = ("train", "test")
 SHAPES_ALLOWED = (
     "one shape for every example of a feature: pad or cut sequences to one length and resize images to one size in "
     "your function, or give text as one string per example (a TextVectorization layer in the model splits it)"
@@ -183,34 +182,26 @@ def _save_split(spec: str, function: Any, split: str, limit: int, path: str) -> 
     return retried(attempt, setting)
 
 
-def prepare_function(spec: str, config: DataConfig, out: str) -> dict[str, Any]:
+def prepare_function(spec: str, config: DataConfig, out: str) -> DatasetMetadata:
     """Saves both splits of `function(split)` into `out` (at most max_*_examples each); returns the metadata.
 
     Raises:
         UsageError: the function, its dataset or its examples are not what is allowed (exit 2).
         StoreUnavailableError: a transient error lasted through every attempt (142).
     """
-    from trainer import __version__
-
     function = load(spec, f"source 'fn:{spec}'")
     limits = {"train": config.max_train_examples, "test": config.max_test_examples}
-    splits: dict[str, Any] = {}
+    splits = {}
     specs = {}
     for split in SPLITS:
         count, specs[split] = _save_split(spec, function, split, limits[split], f"{out}/{split}")
-        splits[split] = {"num_examples": count, "directory": split}
+        splits[split] = Split(count, directory=split)
     if specs["train"] != specs["test"]:
         raise UsageError(
             f"source 'fn:{spec}' returned train examples of {specs['train']} but test examples of {specs['test']}; "
             "allowed: the same features and label for both"
         )
-    return {
-        "format": FORMAT,
-        "source": f"fn:{spec}",
-        "element_spec": str(specs["train"]),
-        "splits": splits,
-        "created_by": f"trainer {__version__}",
-    }
+    return DatasetMetadata.of_saved(f"fn:{spec}", str(specs["train"]), splits)
 
 
 def _one_shard(*_: Any) -> Any:
@@ -247,41 +238,17 @@ def _static(dataset: Any) -> Any:
     return dataset.map(with_shapes)
 
 
-def check_metadata(meta: dict[str, Any], path: str) -> dict[str, Any]:
-    """Checks metadata.json of a dataset saved from a function.
-
-    Raises:
-        UsageError: naming the first field that is missing or out of range, and what is allowed.
-    """
-    splits = meta.get("splits")
-    if not isinstance(splits, dict) or set(SPLITS) - set(splits):
-        raise UsageError(f"dataset metadata {path!r}: splits {splits!r} is not allowed; allowed: train and test")
-    for split, info in splits.items():
-        directory = info.get("directory") if isinstance(info, dict) else None
-        count = info.get("num_examples") if isinstance(info, dict) else None
-        if not isinstance(directory, str) or not directory or "/" in directory:
-            raise UsageError(f"dataset metadata {path!r}: splits.{split}.directory {directory!r} is not a plain name")
-        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-            raise UsageError(f"dataset metadata {path!r}: splits.{split}.num_examples {count!r}; allowed: at least 1")
-    return meta
-
-
-def is_saved(meta: dict[str, Any]) -> bool:
-    """Whether a prepared dataset was saved from a function (else: TFRecord shards of images)."""
-    return meta.get("format") == FORMAT
-
-
-def split_bytes(data_dir: str, meta: dict[str, Any], split: str) -> int:
+def split_bytes(data_dir: str, meta: DatasetMetadata, split: str) -> int:
     """The bytes of a saved split's files (its tensors as written: tf.data's save format, uncompressed)."""
     import tensorflow as tf
 
     total = 0
-    for directory, _, files in tf.io.gfile.walk(f"{data_dir.rstrip('/')}/{meta['splits'][split]['directory']}"):
+    for directory, _, files in tf.io.gfile.walk(f"{data_dir.rstrip('/')}/{meta.split(split, data_dir).directory}"):
         total += sum(tf.io.gfile.stat(f"{directory.rstrip('/')}/{name}").length for name in files)
     return total
 
 
-def load_split(data_dir: str, meta: dict[str, Any], split: str) -> Any:
+def load_split(data_dir: str, meta: DatasetMetadata, split: str) -> Any:
     """A saved split as the function returned it: unbatched `(features, label)` pairs of static shapes.
 
     Raises:
@@ -291,10 +258,8 @@ def load_split(data_dir: str, meta: dict[str, Any], split: str) -> Any:
 
     from trainer.core.files import exists
 
-    if split not in meta["splits"]:
-        raise UsageError(f"dataset {data_dir!r} has no split {split!r}; it has {', '.join(meta['splits'])}")
-    path = f"{data_dir.rstrip('/')}/{meta['splits'][split]['directory']}"
+    found = meta.split(split, data_dir)
+    path = f"{data_dir.rstrip('/')}/{found.directory}"
     if not exists(f"{path}/dataset_spec.pb"):
         raise UsageError(f"dataset split {path!r} is missing (no dataset_spec.pb written by tf.data.Dataset.save)")
-    count = meta["splits"][split]["num_examples"]
-    return _static(_read(path)).apply(tf.data.experimental.assert_cardinality(count))
+    return _static(_read(path)).apply(tf.data.experimental.assert_cardinality(found.num_examples))

@@ -5,11 +5,13 @@ commands and arguments. The reference is the training-operator's own code, kubef
 (unchanged across them where cited):
 
 - TF_CONFIG: `pkg/controller.v1/tensorflow/tensorflow.go` (`genTFConfigJSONStr`, `genClusterSpec`): every replica type
-  lower-cased in the cluster (the Evaluator too), this task's type and index, `"environment": "cloud"`; none at all
-  when the job has one task in total (`util.go`, `isDistributed`, which counts the Evaluator). Only the addresses
+  lower-cased in the cluster (the Evaluator too), this task's type and index, `"environment": "cloud"`
+  (`TF_CONFIG_ENVIRONMENT`); none at all when the job has one task in total (`util.go`, `isDistributed`, which counts
+  the Evaluator). `trainer.cluster.lifecycle` builds it with the one builder, `build_tf_config`. Only the addresses
   differ: each task is reached through the Service its step creates (docs/migrate-from-tfjob.md).
-- Restarts: `pkg/util/train/train_util.go` `IsRetryableExitCode` (`exitCode >= 128`) for `ExitCode`; `OnFailure` and
-  `Always` restart after any failure; `Never` is the default (`tensorflow_defaults.go`), per replica.
+- Restarts (`RESTART_POLICIES`): `pkg/util/train/train_util.go` `IsRetryableExitCode` (`exitCode >= 128`) for
+  `ExitCode`; `OnFailure` and `Always` restart after any failure (`pkg/controller.v1/common/pod.go` hands them to the
+  kubelet as the pod's own restartPolicy); `Never` is the default (`tensorflow_defaults.go`), per replica.
 - Success: `tfjob_controller.go` `UpdateJobStatus`: the Chief succeeded, else worker 0 succeeded (default policy) or
   every worker succeeded (`AllWorkers`).
 
@@ -20,49 +22,44 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-from trainer.config.contract import MAX_WORKERS as MAX_TASKS
+from trainer.cluster.policy import RestartPolicy
+from trainer.config import settings
+from trainer.config.contract import MAX_WORKERS
+from trainer.core import quantity
 from trainer.core.errors import UsageError
-from trainer.k8s import quantity
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "TFJob"
 REPLICA_TYPES = {"Chief": "chief", "PS": "ps", "Worker": "worker", "Evaluator": "evaluator"}
-RESTART_POLICIES = ("Never", "OnFailure", "ExitCode", "Always")
+TF_CONFIG_ENVIRONMENT = "cloud"
+# TFJob's four restart policies, each as the operator decided it. A user's command cannot say that a lost peer made
+# it fail (it exits 1 with TensorFlow's traceback), so an exit a policy does not retry asks the peers first
+# (`Decision.ASK_PEERS`): a peer's failure at the same moment makes it a lost peer, 138. `Always` runs as `OnFailure`:
+# a task that finished is not started again (the manifest reader warns).
+RESTART_POLICIES = {
+    "Never": RestartPolicy("Never", blame_peers=True),
+    "OnFailure": RestartPolicy("OnFailure", from_code=1, blame_peers=True),
+    "ExitCode": RestartPolicy("ExitCode", from_code=128, blame_peers=True),
+    "Always": RestartPolicy("Always", from_code=1, blame_peers=True),
+}
 SUCCESS_POLICIES = ("", "AllWorkers")
 ACCELERATORS = ("nvidia.com/gpu", "amd.com/gpu")
 DEFAULT_CONTAINER = "tensorflow"
-DEFAULT_PORT = 2222
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
-def tf_config(cluster: Mapping[str, Sequence[str]], task_type: str, index: int) -> dict[str, Any] | None:
-    """TF_CONFIG exactly as the training-operator built it for task `task_type` `index` of `cluster`.
+def restart_policy(name: str) -> RestartPolicy:
+    """The replica's `restartPolicy` as this project's supervisor runs it (`RESTART_POLICIES`).
 
-    None for a job with one task in total: the operator sets no TF_CONFIG then (`isDistributed`).
+    Raises:
+        UsageError: `name` is not one of TFJob's four.
     """
-    if task_type not in cluster or not 0 <= index < len(cluster[task_type]):
-        raise UsageError(f"task {task_type}:{index} is not in the cluster {dict(cluster)}")
-    if sum(len(addresses) for addresses in cluster.values()) == 1:
-        return None
-    return {
-        "cluster": {job: list(addresses) for job, addresses in cluster.items()},
-        "task": {"type": task_type, "index": index},
-        "environment": "cloud",
-    }
-
-
-def retryable(policy: str):
-    """The exit codes that restart a task under the replica's `restartPolicy`, as the operator decided."""
-    if policy == "Never":
-        return lambda code: False
-    if policy in ("OnFailure", "Always"):
-        return lambda code: code != 0
-    if policy == "ExitCode":
-        return lambda code: code >= 128
-    raise UsageError(f"restart policy {policy!r} is not one of {', '.join(RESTART_POLICIES)}")
+    if name not in RESTART_POLICIES:
+        raise UsageError(f"restart policy {name!r} is not one of {', '.join(RESTART_POLICIES)}")
+    return RESTART_POLICIES[name]
 
 
 def expand(text: str, env: Mapping[str, str]) -> str:
@@ -718,7 +715,7 @@ def _security(reader: _Reader, field: str, context: Any, into: dict[str, Any]) -
 
 
 def _port(reader: _Reader, field: str, container: dict) -> int:
-    port = DEFAULT_PORT
+    port = settings.default("port")
     for where, item in reader.items(field, container.get("ports")):
         if item.get("name") != "tfjob-port":
             reader.warn(
@@ -752,7 +749,7 @@ def _replica(reader: _Reader, kind: str, spec: Any) -> Replica | None:
         reader.refuse(f"{field}.replicas", f"{count!r}; allowed: {'1' if single else 'an integer ≥ 1'}")
         return None
     policy = spec.get("restartPolicy", "Never")
-    if policy not in RESTART_POLICIES:
+    if not isinstance(policy, str) or policy not in RESTART_POLICIES:
         reader.refuse(f"{field}.restartPolicy", f"{policy!r}; allowed: {', '.join(RESTART_POLICIES)}")
         return None
     if policy == "Always":
@@ -799,9 +796,9 @@ def _replica(reader: _Reader, kind: str, spec: Any) -> Replica | None:
     if accelerator:
         reader.warn(
             f"{container}.resources ({accelerator}: {accelerators})",
-            "the task's accelerator limit and type; this project's image installs CPU-only TensorFlow, so build the "
-            "replica's image FROM a GPU TensorFlow image (tensorflow/tensorflow:2.21.0-gpu) with this package "
-            "installed (docs/migrate-from-tfjob.md)",
+            "the task's accelerator limit and type; the replica's image must hold a GPU build of TensorFlow: this "
+            "project's GPU image (make image-gpu) or one FROM tensorflow/tensorflow:2.21.0-gpu with this package "
+            "installed (docs/gpus.md)",
         )
     secrets = []
     for at, item in reader.items(f"{where}.imagePullSecrets", pod.get("imagePullSecrets")):
@@ -948,8 +945,8 @@ def read_manifest(manifest: Any) -> JobSpec:
     if success and "chief" in kinds:
         reader.warn("spec.successPolicy", "AllWorkers does not apply to a job with a Chief: the Chief decides")
     total = sum(r.count for r in replicas)
-    if total > MAX_TASKS:
-        reader.refuse("spec.tfReplicaSpecs", f"{total} tasks in all; allowed: at most {MAX_TASKS}")
+    if total > MAX_WORKERS:
+        reader.refuse("spec.tfReplicaSpecs", f"{total} tasks in all; allowed: at most {MAX_WORKERS}")
     if replicas and len({r.port for r in replicas}) > 1:
         reader.refuse("spec.tfReplicaSpecs.*.ports (tfjob-port)", "every replica must use the same port")
     if reader.refusals:

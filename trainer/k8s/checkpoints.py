@@ -27,10 +27,10 @@ def access_modes(name: str, api: Any = None) -> list[str]:
     """
     from kubernetes.client.exceptions import ApiException
 
-    from trainer.k8s import objects as k8s
+    from trainer.k8s import objects
 
-    api = api or k8s.core_api()
-    namespace = k8s.namespace()
+    api = api or objects.core_api()
+    namespace = objects.namespace()
     try:
         claim = api.read_namespaced_persistent_volume_claim(name, namespace)
     except ApiException as err:
@@ -39,7 +39,7 @@ def access_modes(name: str, api: Any = None) -> list[str]:
                 f"checkpoint_claim {name!r} does not exist in namespace {namespace!r}; allowed: the name of a "
                 "ReadWriteMany PersistentVolumeClaim there, or empty"
             ) from None
-        raise k8s.explain(err, "get", "persistentvolumeclaims", namespace) from None
+        raise objects.explain(err, "get", "persistentvolumeclaims", namespace) from None
     return list(claim.spec.access_modes or [])
 
 

@@ -5,14 +5,14 @@ import time
 from typing import Any
 
 from pipelines.factories import mirrored_pipeline
-from trainer.config import registry as settings
+from trainer.config import settings
 from trainer.config.checks import Check, is_int, require
-from trainer.core.errors import UsageError
-from trainer.evaluation.gate import Gate
-from trainer.evaluation.metrics import CNN_METRICS
+from trainer.config.contract import ModelConfig
+from trainer.config.gate import Gate
 from trainer.evaluation.verdict import BOOKKEEPING
-from trainer.storage.publish import ACCURACY, latest
-from trainer.training.history import History
+from trainer.modeling import kinds
+from trainer.publishing.publish import ACCURACY, latest
+from trainer.records.history import History
 
 LOCAL_MAX_WORKERS = 2
 LOCAL_IMAGE = "kfp-tf-multiworker:local"
@@ -35,22 +35,13 @@ def check_workers(num_workers: int) -> None:
 def check_combination(arguments: dict[str, Any]) -> None:
     """Refuses, before anything runs, settings that are each allowed but would fail the run together.
 
+    The model's kind (`trainer.modeling.kinds.choose`) judges them as the training task would.
+
     Raises:
         UsageError: data from a function without model_fn, or a gate on a metric the built-in CNN does not report.
     """
-    source, model_fn = arguments.get("source", ""), arguments.get("model_fn", "")
-    if source.startswith("fn:") and not model_fn:
-        raise UsageError(
-            f"source {source!r} is not allowed without model_fn: the built-in CNN trains on images; allowed: "
-            "--model-fn package.module:function naming your model"
-        )
-    gate = Gate.of(arguments.get("gate", ""), 0)
-    if not model_fn and gate.metric not in CNN_METRICS:
-        raise UsageError(
-            f"gate {arguments['gate']!r} is not allowed with the built-in CNN, which reports "
-            f"{' and '.join(CNN_METRICS)}; allowed: a gate on one of them, or --model-fn naming a model compiled "
-            f"with {gate.metric!r}"
-        )
+    kind = kinds.choose(ModelConfig(model_fn=arguments.get("model_fn", "")))
+    kind.check_settings(source=arguments.get("source", ""), gate=arguments.get("gate", ""))
 
 
 def run_local(output_dir: str, **arguments: Any) -> dict[str, Any]:

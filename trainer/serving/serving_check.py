@@ -353,7 +353,7 @@ def run_outputs(
     Args:
         saved_model_dir: the SavedModel directory (holding saved_model.pb).
         features: held-out examples' features, an array `[n, ...]` or a dict of them by input name.
-        expected: the Keras model's predictions for them by output name (`model_metrics.Sample.predictions`).
+        expected: the Keras model's predictions for them by output name (`Sample.predictions`).
         timeout: seconds the fresh process may take to load the model.
     """
     rows = len(next(iter(features.values()))) if isinstance(features, dict) else len(features)

@@ -1,0 +1,137 @@
+"""How a prepared dataset is read into `(features, label)` pairs: one reader per format, picked by its metadata.
+
+    reader = readers.of(data_dir, meta)   # ImageShards or SavedSplits
+    reader.verify("train")                # refuses a missing or corrupted split before training starts
+    pairs = reader.fed(reader.stored("test"))
+
+`trainer.data.inputs` builds every worker's input pipeline on a reader and never asks which format it reads.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Protocol
+
+from trainer.records.dataset import IMAGES, SAVED, DatasetMetadata
+
+
+class Reader(Protocol):
+    """What the input pipelines need of a prepared dataset's format."""
+
+    data_dir: str
+    meta: DatasetMetadata
+
+    def verify(self, split: str) -> None:
+        """Refuses a split whose files are missing or differ from the metadata (UsageError)."""
+
+    def stored(self, split: str) -> Any:
+        """A whole split as stored, unbatched, in order."""
+
+    def share(self, split: str, workers: int, rank: int) -> Any:
+        """This worker's share of `split` as stored (every worker's shares together are the split, once)."""
+
+    def fed(self, ds: Any, parallel: Any = None) -> Any:
+        """`ds` (stored pairs, batched or not) as training feeds it; `parallel`: `num_parallel_calls` of the map."""
+
+    def cache_bytes(self, split: str, count: int) -> int:
+        """The bytes `count` examples of `split` take in a tf.data cache."""
+
+
+def _as_float(images: Any, labels: Any) -> tuple[Any, Any]:
+    import tensorflow as tf
+
+    return tf.cast(images, tf.float32), labels
+
+
+def by_file(files: list[Any], workers: int) -> bool:
+    """Whether workers take whole files (they divide evenly among them), else every N-th record."""
+    return workers > 1 and len(files) % workers == 0
+
+
+class ImageShards:
+    """TFRecord shards of uint8 images (`trainer.data.tfrecords`), checked by SHA-256 and fed as float32."""
+
+    def __init__(self, data_dir: str, meta: DatasetMetadata) -> None:
+        self.data_dir, self.meta = data_dir, meta
+
+    def verify(self, split: str) -> None:
+        """Every shard of `split` exists and matches its SHA-256 (`trainer.data.tfrecords.verify_split`)."""
+        from trainer.data.tfrecords import verify_split
+
+        verify_split(self.data_dir, self.meta, split)
+
+    def stored(self, split: str) -> Any:
+        """`(uint8 image, int64 label)` pairs, shard after shard."""
+        import tensorflow as tf
+
+        from trainer.data.tfrecords import decode_fn, shard_paths
+
+        files = shard_paths(self.data_dir, self.meta, split)
+        return tf.data.TFRecordDataset(files).map(decode_fn(self.meta.image_shape))
+
+    def share(self, split: str, workers: int, rank: int) -> Any:
+        """Whole files when they divide evenly among the workers, else every N-th record, decoded in order."""
+        import tensorflow as tf
+
+        from trainer.data.tfrecords import decode_fn, shard_paths
+
+        files = shard_paths(self.data_dir, self.meta, split)
+        whole = by_file(files, workers)
+        names = tf.data.Dataset.from_tensor_slices(files)
+        if whole:
+            names = names.shard(workers, rank)
+        records = names.interleave(
+            tf.data.TFRecordDataset, cycle_length=len(files), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+        )
+        records = records.map(decode_fn(self.meta.image_shape), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        if workers > 1 and not whole:
+            records = records.shard(workers, rank)
+        return records
+
+    def fed(self, ds: Any, parallel: Any = None) -> Any:
+        """Images as float32 pixels 0-255."""
+        return ds.map(_as_float, num_parallel_calls=parallel)
+
+    def cache_bytes(self, split: str, count: int) -> int:
+        """Decoded images and their labels."""
+        return count * (math.prod(self.meta.image_shape or ()) + 8)
+
+
+class SavedSplits:
+    """Your function's splits saved by tf.data (`trainer.data.user_source`), fed as the function returned them."""
+
+    def __init__(self, data_dir: str, meta: DatasetMetadata) -> None:
+        self.data_dir, self.meta = data_dir, meta
+
+    def verify(self, split: str) -> None:
+        """Nothing before training: `load_split` refuses a missing split, and tf.data checks what it reads."""
+
+    def stored(self, split: str) -> Any:
+        """The function's `(features, label)` pairs in the order they were saved (`load_split`)."""
+        from trainer.data.user_source import load_split
+
+        return load_split(self.data_dir, self.meta, split)
+
+    def share(self, split: str, workers: int, rank: int) -> Any:
+        """Every N-th pair."""
+        records = self.stored(split)
+        return records.shard(workers, rank) if workers > 1 else records
+
+    def fed(self, ds: Any, parallel: Any = None) -> Any:
+        """`ds` as it is."""
+        return ds
+
+    def cache_bytes(self, split: str, count: int) -> int:
+        """The split's files' bytes in proportion to `count` (its tensors as written: uncompressed)."""
+        from trainer.data.user_source import split_bytes
+
+        total = self.meta.num_examples(split)
+        return math.ceil(split_bytes(self.data_dir, self.meta, split) * count / total)
+
+
+READERS: dict[str, type[ImageShards] | type[SavedSplits]] = {IMAGES: ImageShards, SAVED: SavedSplits}
+
+
+def of(data_dir: str, meta: DatasetMetadata) -> Reader:
+    """The reader of the dataset in `data_dir`, by its metadata's format."""
+    return READERS[meta.format](data_dir, meta)
