@@ -11,4 +11,4 @@ run as one process in that image, with a lost pod on the way).
 AUC_MARGIN = 0.01
 
 # The epochs and global batch of both runs, the baseline's and the distributed one's.
-EPOCHS, GLOBAL_BATCH = "200", 128
+EPOCHS, GLOBAL_BATCH = "60", 128
