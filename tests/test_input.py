@@ -107,3 +107,34 @@ def test_a_share_over_the_memory_limit_is_cached_on_local_disk(sample_data, tmp_
         np.testing.assert_array_equal(got[0].numpy(), next(reference)[0].numpy())
     own = tmp_path / "scratch" / "trainer-data-cache" / str(os.getpid())
     assert [p.name for p in own.iterdir()] and not stale.exists(), "its cache files, and none of a process gone"
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_a_parameter_server_worker_opens_only_its_own_shard_files(sample_data, tmp_path, index, caplog):
+    """ParameterServerStrategy's input pipelines take whole files when they divide evenly, as mirrored workers do:
+    with 4 shards and 2 pipelines, pipeline 0 reads shards 0 and 2 and never opens 1 and 3 (they are removed)."""
+    from trainer.data.inputs import ps_dataset_creator
+    from trainer.data.tfrecords import decode_fn
+
+    data = str(tmp_path / "data")
+    shutil.copytree(sample_data, data)
+    meta = load_metadata(data)
+    files = shard_paths(data, meta, "train")
+    own = files[index::2]
+    reference = tf.data.TFRecordDataset(own).map(decode_fn(meta.image_shape))
+    want = sorted((int(y), x.tobytes()) for x, y in reference.as_numpy_iterator())
+    for path in set(files) - set(own):
+        tf.io.gfile.remove(path)
+    creator = ps_dataset_creator(data, meta, DataConfig(shuffle_buffer=100, seed=3), batch_size=100)
+    with caplog.at_level("INFO", logger="trainer.data.inputs"):
+        dataset = creator(tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=index))
+    batches = list(dataset.take(len(want) // 100).as_numpy_iterator())
+    got = sorted(
+        (int(y), x.astype(np.uint8).tobytes())
+        for images, labels in batches
+        for x, y in zip(images, labels, strict=True)
+    )
+    assert len(files) == 4 and len(want) == 2000
+    assert got == want, "one pass over the share is exactly the examples of this pipeline's own files"
+    assert batches[0][0].dtype == np.float32 and batches[0][0].shape == (100, 28, 28, 1)
+    assert f"input pipeline {index}'s share of the train split: 1.5 MiB" in caplog.text

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import math
 import os
 import uuid
 from typing import Any
@@ -23,7 +22,6 @@ from trainer.config.contract import DataConfig
 from trainer.core.memory import CacheChoice, Room, choose_cache, room
 from trainer.data import readers
 from trainer.data.readers import Reader
-from trainer.data.tfrecords import decode_fn, shard_paths
 from trainer.records.dataset import DatasetMetadata
 
 log = logging.getLogger(__name__)
@@ -245,7 +243,10 @@ def eval_dataset(
 
 
 def ps_dataset_creator(data_dir: str, meta: DatasetMetadata, data: DataConfig, batch_size: int) -> Any:
-    """A `DatasetCreator` for ParameterServerStrategy: each worker reads its input pipeline's share of the shards.
+    """A `DatasetCreator` for ParameterServerStrategy: each worker reads only its input pipeline's share.
+
+    The share is taken as under MultiWorkerMirroredStrategy (`Reader.share`): whole shard files when they divide
+    evenly among the input pipelines, so a worker opens only its own files, else every N-th record.
 
     A share is cached in memory only when `choose_cache` allows it under this (the chief's) pod's memory limit, which
     stands for the workers' (one pod template); never on disk: the function runs on the workers, whose disks the
@@ -256,19 +257,17 @@ def ps_dataset_creator(data_dir: str, meta: DatasetMetadata, data: DataConfig, b
 
     from trainer.core.memory import memory_limit
 
-    files = shard_paths(data_dir, meta, "train")
-    shape = meta.image_shape
+    reader = _reader(data_dir, meta, None)
     where = Room(memory_limit(), "", 0)
-    total = meta.num_examples("train")
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         pipelines, index = context.num_input_pipelines, context.input_pipeline_id
-        ds = tf.data.TFRecordDataset(files).map(decode_fn(shape)).shard(pipelines, index)
-        choice = choose_cache(len(range(index, total, pipelines)) * (math.prod(shape) + 8), where)
+        ds = reader.share("train", pipelines, index)
+        choice = choose_cache(share_bytes(data_dir, meta, "train", pipelines, index, reader), where)
         log.info(choice.describe(f"data cache: input pipeline {index}'s share of the train split", where.memory))
         if choice.where == "memory":
             ds = ds.cache()
-        ds = ds.shuffle(data.shuffle_buffer, seed=data.seed).repeat().map(lambda x, y: (tf.cast(x, tf.float32), y))
+        ds = reader.fed(ds.shuffle(data.shuffle_buffer, seed=data.seed).repeat())
         return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
     return keras.utils.experimental.DatasetCreator(dataset_fn)
