@@ -4,7 +4,6 @@ kfp.local ignores all of it; the compiled YAML carries it (the Kubernetes platfo
 """
 
 import dataclasses
-import re
 from typing import Any
 
 from kfp import kubernetes
@@ -12,7 +11,7 @@ from kfp import kubernetes
 from trainer.command.tfjob_spec import ACCELERATORS
 from trainer.core import quantity
 from trainer.core.errors import UsageError
-from trainer.k8s.objects import APP
+from trainer.k8s.objects import APP, TAINT_EFFECTS, is_label_key, is_label_value
 
 # A lost pod's replacement is what its peers wait for (they restart in place at once), so it is retried soon.
 RETRY_BACKOFF = "10s"
@@ -24,9 +23,6 @@ NO_SIDECAR = ("sidecar.istio.io/inject", "false")
 TRAINING = ("app.kubernetes.io/name", APP)
 MAX_GPUS = 16
 GPU_TAG_SUFFIX = "-gpu"
-EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +96,7 @@ class PodSettings:
         pairs = []
         for item in filter(None, (part.strip() for part in self.gpu_node_selector.split(","))):
             key, sep, value = item.partition("=")
-            if not sep or not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(value):
+            if not sep or not is_label_key(key) or not is_label_value(value):
                 raise UsageError(
                     f"gpu_node_selector {item!r} is not allowed; allowed: KEY=VALUE with a Kubernetes label key and "
                     "value, e.g. cloud.google.com/gke-accelerator=nvidia-tesla-t4"
@@ -118,10 +114,10 @@ class PodSettings:
         for item in filter(None, (part.strip() for part in self.gpu_tolerations.split(","))):
             rest, _, effect = item.partition(":")
             key, sep, value = rest.partition("=")
-            if not _LABEL_KEY.match(key) or (sep and not _LABEL_VALUE.match(value)) or effect not in ("", *EFFECTS):
+            if not is_label_key(key) or (sep and not is_label_value(value)) or effect not in ("", *TAINT_EFFECTS):
                 raise UsageError(
                     f"gpu_tolerations {item!r} is not allowed; allowed: KEY[=VALUE][:EFFECT] with EFFECT one of "
-                    f"{', '.join(EFFECTS)}, e.g. nvidia.com/gpu:NoSchedule"
+                    f"{', '.join(TAINT_EFFECTS)}, e.g. nvidia.com/gpu:NoSchedule"
                 )
             toleration = {"key": key, "operator": "Equal" if sep else "Exists"}
             toleration.update({"value": value} if sep else {})

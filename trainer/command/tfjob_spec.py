@@ -30,6 +30,7 @@ from trainer.config import settings
 from trainer.config.contract import MAX_WORKERS
 from trainer.core import quantity
 from trainer.core.errors import UsageError
+from trainer.k8s.objects import TAINT_EFFECTS
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "TFJob"
@@ -631,12 +632,9 @@ def _tolerations(reader: _Reader, field: str, items: Any) -> tuple[Toleration, .
         if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int)):
             reader.refuse(f"{where}.tolerationSeconds", f"{_shown(seconds)}; allowed: a whole number of seconds")
             continue
-        if item.get("operator", "Equal") not in ("Equal", "Exists") or item.get("effect", "NoSchedule") not in (
-            "NoSchedule",
-            "PreferNoSchedule",
-            "NoExecute",
-        ):
-            reader.refuse(where, "operator: Equal or Exists; effect: NoSchedule, PreferNoSchedule, NoExecute")
+        effect = item.get("effect", "NoSchedule")
+        if item.get("operator", "Equal") not in ("Equal", "Exists") or effect not in TAINT_EFFECTS:
+            reader.refuse(where, f"operator: Equal or Exists; effect: {', '.join(TAINT_EFFECTS)}")
             continue
         kept.append(Toleration(**{_TOLERATION[k]: v for k, v in item.items()}))
     return tuple(kept)

@@ -32,7 +32,21 @@ KFP_RUN_LABEL = "pipeline/runid"
 WORKFLOW_LABEL = "workflows.argoproj.io/workflow"
 WORKFLOW = ("argoproj.io", "v1alpha1", "workflows", "Workflow")
 NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+# What Kubernetes accepts as a label key (an optional DNS-subdomain prefix and a name of at most 63 characters) and
+# value (empty, or at most 63 characters beginning and ending alphanumeric), and the effects of a node taint.
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def is_label_key(key: str) -> bool:
+    """Whether Kubernetes accepts `key` as a label key (and so as a node selector's key)."""
+    return bool(_LABEL_KEY.match(key))
+
+
+def is_label_value(value: str) -> bool:
+    """Whether Kubernetes accepts `value` as a label value."""
+    return bool(_LABEL_VALUE.match(value))
 
 
 def service_name(run_id: str, index: int) -> str:
@@ -83,7 +97,7 @@ def run_labels(run_id: str) -> dict[str, str]:
         "app.kubernetes.io/managed-by": "kubeflow-pipelines",
         RUN_LABEL: run_key(run_id),
     }
-    if _LABEL_VALUE.match(run_id) and len(run_id) <= 63:
+    if is_label_value(run_id):
         labels[RUN_ID_LABEL] = run_id
     return labels
 
