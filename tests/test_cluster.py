@@ -95,6 +95,25 @@ def test_addresses_are_assigned_chief_workers_ps_and_read_back_in_that_order():
     assert task_order(spec) == addresses
 
 
+@pytest.mark.parametrize(
+    "workers, ps, chief, evaluator, count",
+    [
+        (4, 0, False, False, 4),
+        (2, 1, False, False, 4),
+        (2, 0, True, False, 3),
+        (0, 0, True, True, 2),
+        (2, 1, True, True, 5),
+    ],
+)
+def test_the_task_count_is_the_addresses_a_cluster_spec_places(workers, ps, chief, evaluator, count):
+    """One count for the run's Services (`create_cluster`) and the local ports (`local_topology`)."""
+    from trainer.cluster.topology import assign_addresses, task_count, task_order
+
+    assert task_count(workers, ps, chief, evaluator) == count
+    addresses = [f"h{i}:1" for i in range(count)]
+    assert task_order(assign_addresses(addresses, workers, ps, chief, evaluator)) == addresses
+
+
 def test_control_addresses_are_the_next_ports_unless_trainer_control_names_them():
     from trainer.cluster.control import addresses
 

@@ -64,7 +64,7 @@ def _topology(
 
     if cluster_mode == "local":
         return local_topology(num_workers, num_ps, chief, evaluator)
-    tasks = num_workers + num_ps + (1 if chief or num_ps else 0) + (1 if evaluator else 0)
+    tasks = topology.task_count(num_workers, num_ps, chief, evaluator)
     addresses = objects.task_addresses(run_id, tasks, objects.namespace(), port)
     control = [topology.next_port(a) for a in addresses]
     return (

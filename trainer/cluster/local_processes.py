@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import IO
 
 from trainer.cluster.control import ADDRESSES_ENV, SECRET_ENV, new_secret
-from trainer.cluster.topology import assign_addresses, build_tf_config, tasks
+from trainer.cluster.topology import assign_addresses, build_tf_config, task_count, tasks
 from trainer.config.checks import Check, int_between, is_int, require
 from trainer.core import cpus
 from trainer.core.errors import UsageError
@@ -56,7 +56,7 @@ def local_topology(
     """
     require("workers", workers, int_between(0 if chief else 1, MAX_LOCAL_WORKERS))
     require("ps", ps, Check(lambda v: is_int(v) and 0 <= v <= MAX_LOCAL_WORKERS, LOCAL_PS))
-    total = workers + ps + (1 if ps or chief else 0) + (1 if evaluator else 0)
+    total = task_count(workers, ps, chief, evaluator)
     if total > MAX_LOCAL_WORKERS:
         raise UsageError(
             f"chief + {ps} ps + {workers} workers is not allowed; allowed: 1 to {MAX_LOCAL_WORKERS} processes"

@@ -67,6 +67,16 @@ def make_cluster(workers: Sequence[str], chief: str | None = None, ps: Sequence[
     return validate_cluster(cluster)
 
 
+def has_chief(num_ps: int, chief: bool) -> bool:
+    """Whether a cluster has a chief task: when asked for, and always beside parameter servers."""
+    return bool(chief or num_ps)
+
+
+def task_count(num_workers: int, num_ps: int = 0, chief: bool = False, evaluator: bool = False) -> int:
+    """How many tasks (and so addresses) `assign_addresses` places: workers, ps, the chief and the evaluator."""
+    return num_workers + num_ps + has_chief(num_ps, chief) + bool(evaluator)
+
+
 def assign_addresses(
     addresses: Sequence[str], num_workers: int, num_ps: int = 0, chief: bool = False, evaluator: bool = False
 ) -> dict[str, list[str]]:
@@ -76,7 +86,7 @@ def assign_addresses(
     all are workers. A chief alone has no `worker` job.
     """
     cluster: dict[str, list[str]] = {}
-    first = 1 if chief or num_ps else 0
+    first = int(has_chief(num_ps, chief))
     if first:
         cluster["chief"] = list(addresses[:1])
     if num_workers or not first:
