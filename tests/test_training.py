@@ -42,6 +42,10 @@ def test_two_workers_train_and_only_the_chief_writes(undisturbed_two_workers, sa
     assert re.search(r"^\[worker 0\] .*chief wrote the model", result.stdout, re.M)
     assert re.search(r"^\[worker 1\] .*epoch 10:", result.stdout, re.M)
     assert "chief wrote" not in "".join(line for line in result.stdout.splitlines() if line.startswith("[worker 1]"))
+    for index in range(2):
+        assert re.search(rf"^\[worker {index}\] .*every worker finished: leaving", result.stdout, re.M), (
+            "each worker waits for the other and leaves with its training input kept (trainer.training.teardown)"
+        )
     history = _assert_only_chief_wrote(model_dir, scratch, 2)
     assert [e["epoch"] for e in history["epochs"]] == list(range(1, 11))
     assert all(e["examples_per_second"] > 0 for e in history["epochs"])

@@ -29,6 +29,7 @@ from trainer.training.collectives import (
     local_step_metrics,
     precision_policy,
 )
+from trainer.training.teardown import Teardown
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,7 @@ def run(
     strategy: Any = None,
     on_formed: Callable[[], None] | None = None,
     resume_epoch: int | None = None,
+    teardown: Teardown | None = None,
 ) -> History:
     """Trains on `config.runtime.data_dir` and, on the chief, writes the model to `config.runtime.model_dir`.
 
@@ -100,6 +102,8 @@ def run(
         on_formed: called once the strategy exists, i.e. the cluster has formed (the supervisor's watchdog).
         resume_epoch: the epoch the cluster's supervisors agreed to resume after (`trainer.cluster.resume`; 0: from the
             start); None: after this task's own latest checkpoint, if any.
+        teardown: the training process's `Teardown`, which keeps a worker's training input until the process leaves
+            (`trainer.training.teardown`); None: the input ends with `fit`.
 
     Returns:
         The training history (also written to `history.json` by the chief).
@@ -148,6 +152,8 @@ def run(
             threads,
             reader=prepared.reader,
         )
+    if teardown is not None and workers > 1:
+        datasets = teardown.keep(strategy, datasets, rank, workers)
     callbacks = built.callbacks(prepared.log_dir, chief)
     log.info(
         "training %d epochs x %d steps, global batch %d (%d per replica x %d replicas: %d workers x %d %s), "

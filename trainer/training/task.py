@@ -15,6 +15,7 @@ from trainer.cluster.supervisor import CONFIG_ENV, RESUME_ENV, die_with_supervis
 from trainer.cluster.topology import parse_tf_config
 from trainer.config.contract import TrainConfig
 from trainer.core.entry import run_cli
+from trainer.training.teardown import Teardown
 
 
 def check_topology(config: TrainConfig, tf_config: dict | None) -> None:
@@ -31,10 +32,16 @@ def check_topology(config: TrainConfig, tf_config: dict | None) -> None:
         )
 
 
-def run_task(config: TrainConfig, tf_config: dict | None, resume_epoch: int | None = None) -> int:
+def run_task(
+    config: TrainConfig,
+    tf_config: dict | None,
+    resume_epoch: int | None = None,
+    teardown: Teardown | None = None,
+) -> int:
     """Runs this task of the cluster with its strategy's runner; tells the supervisor once the cluster formed.
 
-    `resume_epoch` is the epoch the supervisors agreed to resume after (None: the task's own latest checkpoint).
+    `resume_epoch` is the epoch the supervisors agreed to resume after (None: the task's own latest checkpoint);
+    `teardown` the training process's (`trainer.training.teardown`; None: a run inside another process).
     """
     from trainer.training import mirrored, parameter_server
 
@@ -45,21 +52,22 @@ def run_task(config: TrainConfig, tf_config: dict | None, resume_epoch: int | No
         else:
             parameter_server.run(config, tf_config, on_formed=report_formed)
         return 0
-    mirrored.run(config, tf_config, on_formed=report_formed, resume_epoch=resume_epoch)
+    mirrored.run(config, tf_config, on_formed=report_formed, resume_epoch=resume_epoch, teardown=teardown)
     return 0
 
 
 def main() -> int:
     """The training process's entry point; returns the exit code."""
     die_with_supervisor()
+    teardown = Teardown()
 
     def body() -> int:
         config = TrainConfig.from_dict(json.loads(os.environ[CONFIG_ENV]))
         text = os.environ.get("TF_CONFIG", "").strip()
         resume = os.environ.get(RESUME_ENV)
-        return run_task(config, parse_tf_config(text) if text else None, int(resume) if resume else None)
+        return run_task(config, parse_tf_config(text) if text else None, int(resume) if resume else None, teardown)
 
-    return run_cli(body)
+    return teardown.leave(run_cli(body))
 
 
 if __name__ == "__main__":
