@@ -7,7 +7,7 @@ import pytest
 from tests.support.processes import run_module
 from trainer.config.contract import DataConfig
 from trainer.core.errors import UsageError
-from trainer.data.idx import write_gz
+from trainer.data.idx import read_split, write_gz
 from trainer.data.sources import parse_source, run, sample_dir
 from trainer.data.tfrecords import load_metadata, read_arrays, verify_split
 from trainer.records.dataset import DatasetMetadata
@@ -203,3 +203,116 @@ def test_debian_fashion_mnist_idx_files_read_unchanged(tmp_path):
     assert meta.class_names[9] == "Ankle boot" and meta.image_shape == (28, 28, 1)
     _, labels, _ = read_arrays(str(tmp_path / "fashion"), "train")
     assert set(labels.tolist()) == set(range(10))
+
+
+def _tree(directory):
+    return {path.name: path.read_bytes() for path in sorted(directory.iterdir())}
+
+
+@pytest.fixture
+def two_cpus(monkeypatch):
+    """Lets `prepare_workers` 2 start 2 processes here, whatever this machine's CPUs and however small the data."""
+    from trainer.core.cpus import CpuBudget
+    from trainer.data import writers
+
+    monkeypatch.setattr(writers, "MIN_EXAMPLES_PER_PREPARE_WORKER", 1)
+    monkeypatch.setattr(writers, "cpu_budget", lambda: CpuBudget(2.0, "test"))
+
+
+@pytest.mark.parametrize("kind", ["sample", "idx"])
+def test_two_processes_write_the_bytes_one_process_writes(kind, tmp_path, two_cpus, caplog):
+    source = "sample" if kind == "sample" else f"idx:{_tiny_idx(tmp_path / 'idx', n_train=300, n_test=40)}"
+    caplog.set_level("INFO", logger="trainer.data.writers")
+    metas = [
+        run(DataConfig(source=source, num_shards=3, prepare_workers=n), str(tmp_path / f"out-{n}")) for n in (1, 2)
+    ]
+    assert "with 1 process(es)" in caplog.text and "with 2 process(es)" in caplog.text
+    assert metas[0] == metas[1]
+    assert _tree(tmp_path / "out-1") == _tree(tmp_path / "out-2")
+    images, labels, _ = read_arrays(str(tmp_path / "out-2"), "train")
+    if kind == "idx":
+        expected, expected_labels = read_split(str(tmp_path / "idx"), "train")
+        assert sorted(labels.tolist()) == sorted(expected_labels.tolist()) and len(images) == len(expected) == 300
+
+
+def test_a_writing_process_that_fails_fails_the_prepare_with_its_own_error(tmp_path, two_cpus):
+    import multiprocessing
+
+    import tensorflow as tf
+
+    from trainer.data.writers import SplitSource, write_splits
+
+    chunks = [(np.zeros((4, 2, 2), np.uint8), np.arange(4))]
+    with pytest.raises(tf.errors.NotFoundError, match="no-such-directory"):
+        write_splits(str(tmp_path / "no-such-directory"), [SplitSource("train", chunks, 4, 2)], 2)
+    assert multiprocessing.active_children() == []
+
+
+def test_a_record_is_serialized_in_key_order_whichever_process_writes_it(tmp_path):
+    """Protobuf orders a map as its hash table does, which differs from process to process; our records do not."""
+    import tensorflow as tf
+
+    from trainer.data.tfrecords import write_split
+
+    write_split(str(tmp_path), "train", [(np.array([[[7]], [[8]]], np.uint8), 3)], 1, (2, 1, 1))
+    record = next(iter(tf.data.TFRecordDataset(str(tmp_path / "train-00000-of-00001.tfrecord")))).numpy()
+    image = b"\x0a\x0f\x0a\x05image\x12\x06\x0a\x04\x0a\x02\x07\x08"
+    label = b"\x0a\x0e\x0a\x05label\x12\x05\x1a\x03\x0a\x01\x03"
+    assert record == b"\x0a\x21" + image + label
+
+
+@pytest.mark.parametrize(
+    ("value", "line"),
+    [
+        ("0", "error: prepare_workers 0 is not allowed; allowed: an integer from 1 to 1024"),
+        ("-2", "error: prepare_workers -2 is not allowed; allowed: an integer from 1 to 1024"),
+        ("two", "error: argument --workers: prepare_workers 'two' is not an integer"),
+    ],
+)
+def test_a_bad_workers_value_is_one_error_line(value, line, tmp_path, capsys):
+    from trainer import prepare
+
+    code = prepare.main(["--source", "sample", "--output", str(tmp_path / "out"), "--workers", value])
+    assert code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [line]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_shards_are_dealt_by_size_to_as_many_processes_as_the_cpu_allows():
+    from trainer.core.cpus import CpuBudget
+    from trainer.data.writers import SplitSource, deal, process_count
+
+    sources = [SplitSource("train", [], 600_000, 4), SplitSource("test", [], 100_000, 1)]
+    assert deal(sources, 2) == [
+        [("train", 0, 4), ("train", 2, 4), ("test", 0, 1)],
+        [("train", 1, 4), ("train", 3, 4)],
+    ]
+    assert deal([SplitSource("train", [], 70_000, 8), SplitSource("test", [], 10_000, 1)], 2) == [
+        [("test", 0, 1), ("train", 2, 8), ("train", 4, 8), ("train", 6, 8)],
+        [("train", 0, 8), ("train", 1, 8), ("train", 3, 8), ("train", 5, 8), ("train", 7, 8)],
+    ], "the test split's shard weighed against the training shards: 36250 and 43750 examples"
+    assert process_count(1024, sources, CpuBudget(2.5, "quota"))[0] == 2
+    assert process_count(1024, sources, CpuBudget(16, "cores"))[0] == 3, "one process per 200000 examples"
+    assert process_count(1, sources, CpuBudget(16, "cores"))[0] == 1
+    assert process_count(1024, [SplitSource("train", [], 10**7, 1)], CpuBudget(16, "cores"))[0] == 1, "one shard"
+
+
+def test_an_idx_split_is_read_in_chunks_and_checked_to_its_end(tmp_path, monkeypatch):
+    from trainer.data import idx
+
+    monkeypatch.setattr(idx, "CHUNK_BYTES", 64)
+    src = _tiny_idx(tmp_path / "idx", n_train=50)
+    split = idx.IdxSplit.open(str(src), "train")
+    chunks = list(split.chunks())
+    assert [len(labels) for _, labels in chunks] == [2] * 25, "64 bytes: two 6x5 images at a time"
+    assert [len(labels) for _, labels in split.chunks(limit=5)] == [2, 2, 1]
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    images, labels = idx.read_split(str(src), "train")
+    (raw / "train-images-idx3-ubyte").write_bytes(idx.encode_idx(images)[:-7])
+    (raw / "train-labels-idx1-ubyte").write_bytes(idx.encode_idx(labels))
+    with pytest.raises(
+        UsageError, match=r"is truncated: shape \(50, 6, 5\) needs 1500 bytes after the header, found 1493"
+    ):
+        list(idx.IdxSplit.open(str(raw), "train").chunks())
+    assert len(list(idx.IdxSplit.open(str(raw), "train").chunks(limit=10))) == 5, "a limit reads only what it keeps"

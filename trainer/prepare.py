@@ -3,6 +3,9 @@
 trainer-prepare --source sample --output /tmp/mnist
 trainer-prepare --source idx:/usr/share/datasets/fashion-mnist --output /tmp/fashion
 trainer-prepare --source tfds:mnist --tfds-data-dir ~/tensorflow_datasets --output /tmp/mnist-full
+
+The shards are written by as many processes as the CPU allows (`--workers N` at most; `trainer.data.writers`), the
+same bytes whatever their number.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ log = logging.getLogger(__name__)
 SETTINGS = (
     "source",
     "num_shards",
+    "prepare_workers",
     "max_train_examples",
     "max_test_examples",
     "class_names",

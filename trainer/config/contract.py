@@ -40,6 +40,10 @@ from trainer.core.functions import FUNCTION_FORM, is_function
 STRATEGIES = ("multi_worker_mirrored", "parameter_server")
 CLUSTER_MODES = ("kubernetes", "local")
 MAX_WORKERS = 64
+MAX_PREPARE_WORKERS = 1024
+# A process that writes shards starts its own TensorFlow (~3 s on one core): below this many examples of its own,
+# writing them in a process of their own saves less than that (`trainer.data.writers`).
+MIN_EXAMPLES_PER_PREPARE_WORKER = 200_000
 # KServe's own rule for an InferenceService name (IsvcNameFmt in its v1beta1 validation), at most a DNS label long.
 
 
@@ -65,6 +69,15 @@ class DataConfig(Checked):
     )
     class_names: str = setting(
         "", "comma-separated class names for IDX data; empty: 0, 1, ...", check=comma_list("class names")
+    )
+    prepare_workers: int = setting(
+        MAX_PREPARE_WORKERS,
+        "the most processes that write the TFRecord shards; fewer where the CPU this process may use (its cgroup's "
+        "CPU quota, else its CPU affinity, else the machine's cores, rounded down), the shards of both splits or "
+        f"one process per {MIN_EXAMPLES_PER_PREPARE_WORKER} examples (each starts its own TensorFlow) allow fewer; "
+        "1: in this process; the shards are the same bytes whatever the number",
+        check=int_between(1, MAX_PREPARE_WORKERS),
+        flag="--workers",
     )
     tfds_data_dir: str = setting(
         "", "TFDS data_dir holding (or to receive) prepared TFDS datasets; empty: TFDS's own", check=text()

@@ -1,6 +1,7 @@
 """Data sources into a prepared dataset: TFDS, IDX files or the sample -> TFRecords; your function -> tf.data's save.
 
-Your own function's splits are saved by `trainer.data.user_source`.
+Every source is read as a stream, in order, and never held whole; `trainer.data.writers` writes its shards with as
+many processes as the CPU allows. Your own function's splits are saved by `trainer.data.user_source`.
 """
 
 from __future__ import annotations
@@ -8,19 +9,17 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-import numpy as np
-
 from trainer.config.contract import SOURCE_FORMS, DataConfig, is_source
 from trainer.core.errors import UsageError
 from trainer.core.files import atomic_directory, check_writable_parent
-from trainer.data.idx import read_split
-from trainer.data.tfrecords import write_split
+from trainer.data.idx import IdxSplit
+from trainer.data.tfrecords import chunked
 from trainer.data.user_source import prepare_function
+from trainer.data.writers import SplitSource, write_splits
 from trainer.records.dataset import DatasetMetadata
 
 log = logging.getLogger(__name__)
@@ -52,36 +51,28 @@ def _limit(n: int, limit: int) -> int:
     return min(n, limit) if limit else n
 
 
-def _idx_examples(images: np.ndarray, labels: np.ndarray, limit: int) -> Iterator[tuple[np.ndarray, int]]:
-    for i in range(_limit(len(images), limit)):
-        yield images[i], int(labels[i])
-
-
 def _class_names(data: DataConfig) -> list[str]:
     return [n.strip() for n in data.class_names.split(",")] if data.class_names.strip() else []
 
 
 def prepare_idx(directory: str, config: DataConfig, out: str) -> DatasetMetadata:
     """Writes the shards of MNIST-format IDX files in `directory` into `out`; returns the metadata."""
-    train_images, train_labels = read_split(directory, "train")
-    test_images, test_labels = read_split(directory, "test")
-    if train_images.shape[1:] != test_images.shape[1:]:
+    train, test = IdxSplit.open(directory, "train"), IdxSplit.open(directory, "test")
+    if train.image_shape != test.image_shape:
         raise UsageError(
-            f"IDX directory {directory!r} has train images {train_images.shape[1:]} but test images "
-            f"{test_images.shape[1:]}"
+            f"IDX directory {directory!r} has train images {train.image_shape} but test images {test.image_shape}"
         )
-    num_classes = int(max(train_labels.max(), test_labels.max())) + 1
+    num_classes = max(train.label_max(), test.label_max()) + 1
     names = _class_names(config) or [str(i) for i in range(num_classes)]
     if len(names) < num_classes:
         raise UsageError(f"{len(names)} class names given but labels go up to {num_classes - 1}; give {num_classes}")
-    shape = (*train_images.shape[1:], 1)
-    splits = {
-        "train": write_split(
-            out, "train", _idx_examples(train_images, train_labels, config.max_train_examples), config.num_shards, shape
-        ),
-        "test": write_split(out, "test", _idx_examples(test_images, test_labels, config.max_test_examples), 1, shape),
-    }
-    return DatasetMetadata.of_images(config.source, shape, names, splits)
+    shape = (*train.image_shape, 1)
+    limits = {"train": config.max_train_examples, "test": config.max_test_examples}
+    sources = [
+        SplitSource(name, split.chunks(limits[name]), _limit(split.count, limits[name]), shards)
+        for name, split, shards in (("train", train, config.num_shards), ("test", test, 1))
+    ]
+    return DatasetMetadata.of_images(config.source, shape, names, write_splits(out, sources, config.prepare_workers))
 
 
 def _check_download_hosts(builder: Any, name: str, timeout: float) -> None:
@@ -128,12 +119,13 @@ def prepare_tfds(name: str, config: DataConfig, out: str) -> DatasetMetadata:
         if split not in available:
             raise UsageError(f"TFDS dataset {name!r} has no {split!r} split; it has {', '.join(sorted(available))}")
     limits = {"train": config.max_train_examples, "test": config.max_test_examples}
-    splits = {}
+    sources = []
     for split, shards in (("train", config.num_shards), ("test", 1)):
         tfds_split = f"{split}[:{limits[split]}]" if limits[split] else split
-        ds = builder.as_dataset(split=tfds_split)
-        examples = ((ex["image"], int(ex["label"])) for ex in tfds.as_numpy(ds))
-        splits[split] = write_split(out, split, examples, shards, shape)
+        examples = ((ex["image"], int(ex["label"])) for ex in tfds.as_numpy(builder.as_dataset(split=tfds_split)))
+        count = _limit(builder.info.splits[split].num_examples, limits[split])
+        sources.append(SplitSource(split, chunked(examples, shape, split), count, shards))
+    splits = write_splits(out, sources, config.prepare_workers)
     return DatasetMetadata.of_images(config.source, shape, list(features["label"].names), splits)
 
 

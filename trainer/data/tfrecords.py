@@ -3,18 +3,27 @@
 Each record holds `image` (raw uint8 bytes, row-major `height x width x channels`) and `label` (int64).
 The metadata (`trainer.records.dataset`) lists example counts per split, the image shape, the classes and every shard
 with its SHA-256, so training and evaluation can refuse a corrupted or incomplete dataset before they start.
+
+Example `i` of a split goes to shard `i % num_shards`, in order. Each record is serialized deterministically (the
+features' map in key order): protobuf otherwise orders a map as its hash table does, which differs from process to
+process, so the same examples gave shards of other bytes (and checksums) from one run to the next. A shard's bytes
+are a function of its examples alone, whichever process writes it (`trainer.data.writers`).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
 from trainer.core.errors import UsageError
 from trainer.core.files import exists
 from trainer.records.dataset import DatasetMetadata, Shard, Split
+
+# Examples travel from a source to the shard writers in chunks of about this many bytes of images.
+CHUNK_BYTES = 1 << 17
 
 
 def shard_name(split: str, index: int, count: int) -> str:
@@ -32,22 +41,66 @@ def _sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def write_split(
-    directory: str,
-    split: str,
-    examples: Iterable[tuple[np.ndarray, int]],
-    num_shards: int,
-    image_shape: tuple[int, int, int],
-) -> Split:
-    """Writes `(image, label)` pairs round-robin into `num_shards` TFRecord files; returns the split's metadata."""
-    import tensorflow as tf
+def shard_slices(start: int, images: np.ndarray, labels: np.ndarray, num_shards: int) -> Iterator[tuple[int, Any, Any]]:
+    """`(shard, images, labels)` of each shard with examples in a chunk whose first example is `start` of its split."""
+    for shard in range(num_shards):
+        offset = (shard - start) % num_shards
+        if offset < len(labels):
+            yield shard, images[offset::num_shards], labels[offset::num_shards]
 
-    names = [shard_name(split, i, num_shards) for i in range(num_shards)]
-    counts = [0] * num_shards
-    writers = [tf.io.TFRecordWriter(f"{directory}/{name}") for name in names]
-    try:
-        for n, (image, label) in enumerate(examples):
-            image = _of_shape(np.asarray(image, dtype=np.uint8), image_shape, split, n)
+
+def chunked(
+    examples: Iterable[tuple[np.ndarray, int]], image_shape: tuple[int, int, int], split: str
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """`(image, label)` pairs as `(images [k, *image_shape] uint8, labels [k] int64)` chunks of ~CHUNK_BYTES, in order.
+
+    Raises:
+        UsageError: an image has another shape (`_of_shape`).
+    """
+    size = max(1, CHUNK_BYTES // max(1, int(np.prod(image_shape))))
+    images: list[np.ndarray] = []
+    labels: list[int] = []
+    for n, (image, label) in enumerate(examples):
+        images.append(_of_shape(np.asarray(image, dtype=np.uint8), image_shape, split, n))
+        labels.append(int(label))
+        if len(labels) == size:
+            yield np.stack(images), np.asarray(labels, np.int64)
+            images, labels = [], []
+    if labels:
+        yield np.stack(images), np.asarray(labels, np.int64)
+
+
+class ShardWriter:
+    """Writes some shards of one split, each from the examples given to it in order; `finish` checksums them.
+
+    Used as a context manager: leaving it without `finish` closes the files as they are.
+    """
+
+    def __init__(self, directory: str, split: str, shards: Iterable[int], num_shards: int) -> None:
+        import tensorflow as tf
+
+        self._tf = tf
+        self.directory, self.split, self.num_shards = directory, split, num_shards
+        self._names = {shard: shard_name(split, shard, num_shards) for shard in shards}
+        self._counts = dict.fromkeys(self._names, 0)
+        self._writers = {shard: tf.io.TFRecordWriter(f"{directory}/{name}") for shard, name in self._names.items()}
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._close()
+
+    def add(self, start: int, images: np.ndarray, labels: np.ndarray) -> None:
+        """Writes this writer's examples of a chunk of the split whose first example has index `start`."""
+        for shard, shard_images, shard_labels in shard_slices(start, images, labels, self.num_shards):
+            if shard in self._names:
+                self.write(shard, shard_images, shard_labels)
+
+    def write(self, shard: int, images: np.ndarray, labels: np.ndarray) -> None:
+        """Appends examples to one shard."""
+        tf, writer = self._tf, self._writers[shard]
+        for image, label in zip(images, labels, strict=True):
             example = tf.train.Example(
                 features=tf.train.Features(
                     feature={
@@ -56,16 +109,49 @@ def write_split(
                     }
                 )
             )
-            writers[n % num_shards].write(example.SerializeToString())
-            counts[n % num_shards] += 1
-    finally:
-        for writer in writers:
+            writer.write(example.SerializeToString(deterministic=True))
+        self._counts[shard] += len(labels)
+
+    def finish(self) -> dict[int, Shard]:
+        """Closes the shards and returns each one's metadata by shard index."""
+        self._close()
+        return {
+            shard: Shard(name, self._counts[shard], _sha256(f"{self.directory}/{name}"))
+            for shard, name in self._names.items()
+        }
+
+    def _close(self) -> None:
+        writers, self._writers = self._writers, {}
+        for writer in writers.values():
             writer.close()
-    total = sum(counts)
+
+
+def split_of(split: str, shards: dict[int, Shard]) -> Split:
+    """A split's metadata from all its shards.
+
+    Raises:
+        UsageError: the split has no examples.
+    """
+    total = sum(s.num_examples for s in shards.values())
     if total == 0:
         raise UsageError(f"split {split!r} has no examples")
-    shards = [Shard(name, count, _sha256(f"{directory}/{name}")) for name, count in zip(names, counts, strict=True)]
-    return Split(total, tuple(shards))
+    return Split(total, tuple(shards[i] for i in sorted(shards)))
+
+
+def write_split(
+    directory: str,
+    split: str,
+    examples: Iterable[tuple[np.ndarray, int]],
+    num_shards: int,
+    image_shape: tuple[int, int, int],
+) -> Split:
+    """Writes `(image, label)` pairs round-robin into `num_shards` TFRecord files; returns the split's metadata."""
+    with ShardWriter(directory, split, range(num_shards), num_shards) as writer:
+        start = 0
+        for images, labels in chunked(examples, image_shape, split):
+            writer.add(start, images, labels)
+            start += len(labels)
+        return split_of(split, writer.finish())
 
 
 def _of_shape(image: np.ndarray, image_shape: tuple[int, int, int], split: str, index: int) -> np.ndarray:
