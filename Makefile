@@ -45,16 +45,16 @@ run-trainer: $(STAMP)
 	$(PY) -m trainer.evaluate --model-dir $(OUT)/model --data $(OUT)/data/mnist-sample --output $(OUT)/metrics.json
 	@echo "model: $(OUT)/model  metrics: $(OUT)/metrics.json"
 
-## ruff, then the suite in two tiers: the one without multi-process training on two pytest-xdist processes, then the
-## multi-process training tests (marked slow) one at a time, because they time peers, restarts and start-ups.
+## ruff, then the suite in two tiers: everything but the tests that time peers, restarts, start-ups or kills on two
+## pytest-xdist processes (one file each), then those (marked serial) one at a time.
 test: $(STAMP) $(FASHION_DIR)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -n 2 --dist loadfile -m "not slow and not image and not e2e and not gpu_image"
-	$(PY) -m pytest -m "slow and not image and not e2e and not gpu_image" --durations=15
+	$(PY) -m pytest -n 2 --dist loadfile -m "not serial and not image and not e2e and not gpu_image" --durations=10
+	$(PY) -m pytest -m "serial and not image and not e2e and not gpu_image" --durations=15
 
-## The fast tier: everything but multi-process training, the image and the containers (under a minute), one file
-## per pytest-xdist worker on 2 processes; `make test` stays serial for the timing of its multi-process tests.
+## The fast tier: everything but multi-process training (marked slow), the image and the containers (about two
+## minutes), one file per pytest-xdist worker on 2 processes.
 test-fast: $(STAMP)
 	$(PY) -m pytest -n 2 --dist loadfile -m "not slow and not image and not e2e and not gpu_image"
 

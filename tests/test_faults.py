@@ -21,6 +21,7 @@ from trainer.records.history import History
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_peer_that_dies_and_is_not_restarted_fails_the_survivor_naming_it(sample_data, tmp_path):
     ports = free_ports(2)
     addresses = [f"localhost:{p}" for p in ports]
@@ -48,6 +49,7 @@ def test_peer_that_dies_and_is_not_restarted_fails_the_survivor_naming_it(sample
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_unresolvable_peer_fails_within_the_timeout_naming_it(sample_data, tmp_path):
     port = free_ports(1)[0]
     tf_config = build_tf_config([f"localhost:{port}", "tfw-missing.nowhere.invalid:2222"], "worker", 0)
@@ -70,6 +72,7 @@ def _epochs_run(lines, label):
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_a_run_survives_a_killed_training_process_a_lost_worker_and_a_lost_chief_and_trains_as_if_undisturbed(
     sample_data, undisturbed_two_workers, tmp_path
 ):

@@ -120,6 +120,7 @@ def _kubeconfig(tmp_path, url):
 
 
 @pytest.mark.slow  # chief, ps and workers as processes
+@pytest.mark.serial
 def test_a_lost_worker_is_replaced_the_chief_carries_on_and_all_exit_zero_through_the_configmap(
     cluster, sample_data, tmp_path
 ):
@@ -155,6 +156,7 @@ def test_a_lost_worker_is_replaced_the_chief_carries_on_and_all_exit_zero_throug
 
 
 @pytest.mark.slow  # chief, ps and workers as processes
+@pytest.mark.serial
 def test_killing_the_chief_ends_ps_and_workers_with_138_within_the_timeout(cluster, sample_data, tmp_path):
     standin, url = cluster
     procs, codes, elapsed = kill_one(sample_data, tmp_path, "configmap:ps-status", _kubeconfig(tmp_path, url))

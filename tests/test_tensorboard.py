@@ -16,6 +16,7 @@ def _train(data, out, *extra):
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_one_point_per_epoch_for_each_scalar_equal_to_the_history(sample_data, tmp_path):
     result = _train(sample_data, tmp_path, "--epochs", "3", "--validate")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -40,6 +41,7 @@ def test_one_point_per_epoch_for_each_scalar_equal_to_the_history(sample_data, t
 
 
 @pytest.mark.slow  # the shared 2-worker run
+@pytest.mark.serial
 def test_two_workers_only_the_chief_writes_and_without_validation_there_is_no_validation_run(
     undisturbed_two_workers, undisturbed_tensorboard
 ):

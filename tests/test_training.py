@@ -36,6 +36,7 @@ def _assert_only_chief_wrote(model_dir, scratch, workers):
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_two_workers_train_and_only_the_chief_writes(undisturbed_two_workers, sample_data, tmp_path):
     model_dir, scratch, result = undisturbed_two_workers
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
@@ -55,6 +56,7 @@ def test_two_workers_train_and_only_the_chief_writes(undisturbed_two_workers, sa
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_three_workers_reach_95_percent(sample_data, tmp_path):
     model_dir = tmp_path / "model"
     result, scratch = _launch(3, sample_data, model_dir, tmp_path, "--epochs", "10")
@@ -66,6 +68,7 @@ def test_three_workers_reach_95_percent(sample_data, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_one_process_without_tf_config(sample_data, tmp_path):
     result = run_module("trainer.train", "--data", sample_data, "--model-dir", str(tmp_path / "model"), "--epochs", "2")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -75,6 +78,7 @@ def test_one_process_without_tf_config(sample_data, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_launcher_stops_the_others_when_one_fails(sample_data, tmp_path):
     """A bad flag: the first worker to fail exits 2 at once and the launcher stops the other instead of waiting."""
     start = time.monotonic()
