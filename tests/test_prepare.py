@@ -316,3 +316,59 @@ def test_an_idx_split_is_read_in_chunks_and_checked_to_its_end(tmp_path, monkeyp
     ):
         list(idx.IdxSplit.open(str(raw), "train").chunks())
     assert len(list(idx.IdxSplit.open(str(raw), "train").chunks(limit=10))) == 5, "a limit reads only what it keeps"
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_example_i_lands_in_shard_i_mod_n_in_source_order_across_many_small_chunks(
+    processes, tmp_path, two_cpus, monkeypatch
+):
+    """Chunks of 2 images (64 bytes): each chunk's cut into shards keeps every example's index in the split."""
+    import tensorflow as tf
+
+    from trainer.data import idx, tfrecords
+
+    monkeypatch.setattr(idx, "CHUNK_BYTES", 64)
+    monkeypatch.setattr(tfrecords, "CHUNK_BYTES", 64)
+    src = _tiny_idx(tmp_path / "idx", n_train=50, n_test=10)
+    expected, _ = read_split(str(src), "train")
+    out = tmp_path / "out"
+    run(DataConfig(source=f"idx:{src}", num_shards=3, prepare_workers=processes), str(out))
+    meta = load_metadata(str(out))
+    for k in range(3):
+        path = str(out / tfrecords.shard_name("train", k, 3))
+        images = [x.numpy() for x, _ in tf.data.TFRecordDataset(path).map(tfrecords.decode_fn(meta.image_shape))]
+        assert np.array_equal(np.stack(images).reshape(-1, 6, 5), expected[k::3]), f"shard {k}: its examples in order"
+
+
+def test_a_writing_process_killed_by_a_signal_fails_the_prepare_with_128_plus_the_signal(tmp_path, two_cpus):
+    """The OOM killer picks a writer (each holds a TensorFlow): the step ends 137, as a killed step does, not 1."""
+    import multiprocessing
+    import signal
+
+    from trainer.core.errors import TaskFailedError, exit_code
+    from trainer.data.writers import SplitSource, write_splits
+
+    def chunks():
+        yield np.zeros((2, 2, 2), np.uint8), np.arange(2)
+        for child in multiprocessing.active_children():
+            os.kill(child.pid, signal.SIGKILL)
+            child.join()
+        for _ in range(3):
+            yield np.zeros((2, 2, 2), np.uint8), np.arange(2)
+
+    with pytest.raises(TaskFailedError, match=r"shard-writer-\d \(pid \d+\) was killed by signal 9") as caught:
+        write_splits(str(tmp_path), [SplitSource("train", chunks(), 8, 2)], 2)
+    assert exit_code(caught.value) == 137
+    assert multiprocessing.active_children() == []
+
+
+def test_a_read_error_inside_a_gzip_idx_file_keeps_its_own_kind(tmp_path):
+    """A timeout while an IDX file streams is the store's fault (retried), not a broken gzip file (bad input)."""
+    from trainer.data import idx
+
+    src = _tiny_idx(tmp_path / "idx")
+    (src / "broken.gz").write_bytes((src / "train-labels-idx1-ubyte.gz").read_bytes()[:-9])
+    with pytest.raises(TimeoutError), idx._opened(str(src / "train-images-idx3-ubyte.gz")):
+        raise TimeoutError("read timed out")
+    with pytest.raises(UsageError, match="is not a complete gzip file"), idx._opened(str(src / "broken.gz")) as f:
+        f.read()

@@ -21,6 +21,7 @@ import numpy as np
 
 from trainer.core.errors import UsageError
 from trainer.core.files import write_bytes
+from trainer.data.tfrecords import CHUNK_BYTES
 
 UBYTE = 0x08
 SPLIT_FILES = {
@@ -99,10 +100,6 @@ def _find(directory: str, stem: str, opener: Callable[[str], bool]) -> str:
     raise UsageError(f"IDX directory {directory!r} has no {stem}.gz (or {stem}); it needs {needed}")
 
 
-# Streamed reads take about this many bytes of a file at a time.
-CHUNK_BYTES = 1 << 17
-
-
 @contextlib.contextmanager
 def _opened(path: str) -> Iterator[BinaryIO]:
     """The decompressed bytes of an IDX file (gzip when its name ends in .gz), read as they are asked for.
@@ -123,7 +120,7 @@ def _opened(path: str) -> Iterator[BinaryIO]:
                     yield unzipped
             else:
                 yield raw
-        except (OSError, EOFError, zlib.error) as err:
+        except (gzip.BadGzipFile, EOFError, zlib.error) as err:
             if not path.endswith(".gz"):
                 raise
             raise UsageError(f"IDX file {path!r} is not a complete gzip file ({err})") from None

@@ -22,7 +22,7 @@ from trainer.core.errors import UsageError
 from trainer.core.files import exists
 from trainer.records.dataset import DatasetMetadata, Shard, Split
 
-# Examples travel from a source to the shard writers in chunks of about this many bytes of images.
+# Sources are read, and examples travel from a source to the shard writers, in chunks of about this many bytes.
 CHUNK_BYTES = 1 << 17
 
 

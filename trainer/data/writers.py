@@ -1,6 +1,6 @@
 """Writing a prepared dataset's TFRecord shards with several processes: the bytes one process writes, sooner.
 
-How examples reach the processes: this process reads the source once, in order, in chunks of 128 KiB
+How examples reach the processes: this process reads the source once, in order, in chunks of `CHUNK_BYTES`
 (`trainer.data.idx.IdxSplit` decompresses as it reads; TFDS streams), cuts each chunk into its shards' examples
 (example `i` of a split goes to shard `i % num_shards`, `tfrecords.shard_slices`) and sends every writing process
 the examples of its own shards over a pipe of its own. A shard belongs to exactly one process, which writes it from
@@ -43,7 +43,7 @@ import numpy as np
 
 from trainer.config.contract import MIN_EXAMPLES_PER_PREPARE_WORKER
 from trainer.core.cpus import CpuBudget, cpu_budget
-from trainer.core.errors import UsageError
+from trainer.core.errors import TaskFailedError, UsageError
 from trainer.data.tfrecords import ShardWriter, shard_slices, split_of
 from trainer.records.dataset import Shard, Split
 
@@ -209,7 +209,13 @@ class _Writer:
                 if kind == "error":
                     return value
         self.process.join(10)
-        return RuntimeError(f"{self.process.name} (pid {self.process.pid}) exited with code {self.process.exitcode}")
+        code = self.process.exitcode
+        if code is not None and code < 0:
+            # Killed (the OOM killer picks a writer: each holds a TensorFlow): the code a killed step has, 128 + signal.
+            return TaskFailedError(
+                128 - code, f"{self.process.name} (pid {self.process.pid}) was killed by signal {-code}"
+            )
+        return RuntimeError(f"{self.process.name} (pid {self.process.pid}) exited with code {code}")
 
     def stop(self) -> None:
         """Ends the process now (another one failed, or this one was interrupted)."""
