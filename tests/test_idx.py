@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from trainer.core.errors import UsageError
-from trainer.data.idx import encode_idx, parse_idx, read_split, write_gz
+from trainer.data.idx import IdxFile, encode_idx, read_split, write_gz
 
 
 def _write_split(directory, images, labels, split="train"):
@@ -39,19 +39,22 @@ def test_uncompressed_files_are_read_too(tmp_path):
     assert images.shape == (2, 5, 5) and labels.tolist() == [3, 4]
 
 
-def test_wrong_magic_is_named():
+def test_wrong_magic_is_named(tmp_path, monkeypatch):
     data = bytearray(encode_idx(np.zeros((1, 2, 2), dtype=np.uint8)))
     data[2] = 0x0D
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.idx").write_bytes(bytes(data))
     with pytest.raises(UsageError, match=r"'x.idx' has magic number 0x00000d03; allowed: 0x00000801"):
-        parse_idx(bytes(data), "x.idx")
+        IdxFile.open("x.idx")
 
 
-def test_truncated_body_is_named():
-    data = encode_idx(np.zeros((3, 4, 4), dtype=np.uint8))[:-5]
+def test_truncated_body_is_named(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "y").write_bytes(encode_idx(np.zeros((3, 4, 4), dtype=np.uint8))[:-5])
     with pytest.raises(
         UsageError, match=r"'y' is truncated: shape \(3, 4, 4\) needs 48 bytes after the header, found 43"
     ):
-        parse_idx(data, "y")
+        list(IdxFile.open("y").chunks(3))
 
 
 def test_truncated_gzip_is_named(tmp_path):

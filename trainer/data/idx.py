@@ -70,21 +70,8 @@ def _body_error(name: str, shape: tuple[int, ...], body: int) -> UsageError:
     )
 
 
-def parse_idx(data: bytes, name: str = "<bytes>") -> np.ndarray:
-    """Parses an unsigned-byte IDX payload into an array of its declared shape.
-
-    Raises:
-        UsageError: naming the file on a wrong magic number, an unsupported element type or a truncated body.
-    """
-    shape, header = _header(data, name)
-    expected = int(np.prod(shape, dtype=np.int64))
-    if len(data) - header != expected:
-        raise _body_error(name, shape, len(data) - header)
-    return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(shape)
-
-
 def encode_idx(array: np.ndarray) -> bytes:
-    """The IDX bytes of a uint8 array (the inverse of `parse_idx`)."""
+    """The IDX bytes of a uint8 array (what `IdxFile` reads)."""
     if array.dtype != np.uint8 or not 1 <= array.ndim <= 4:
         raise UsageError(f"IDX needs a uint8 array of 1 to 4 dimensions, got {array.dtype} with {array.ndim}")
     header = struct.pack(">HBB", 0, UBYTE, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)

@@ -146,12 +146,27 @@ def write_split(
     image_shape: tuple[int, int, int],
 ) -> Split:
     """Writes `(image, label)` pairs round-robin into `num_shards` TFRecord files; returns the split's metadata."""
+    return split_of(split, write_chunks(directory, split, chunked(examples, image_shape, split), num_shards))
+
+
+def numbered(
+    chunks: Iterable[tuple[np.ndarray, np.ndarray]],
+) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """Each `(images, labels)` chunk of a split with the index in the split of its first example."""
+    start = 0
+    for images, labels in chunks:
+        yield start, images, labels
+        start += len(labels)
+
+
+def write_chunks(
+    directory: str, split: str, chunks: Iterable[tuple[np.ndarray, np.ndarray]], num_shards: int
+) -> dict[int, Shard]:
+    """Writes a split's chunks, in order, into all its `num_shards` shards in this process; returns their metadata."""
     with ShardWriter(directory, split, range(num_shards), num_shards) as writer:
-        start = 0
-        for images, labels in chunked(examples, image_shape, split):
+        for start, images, labels in numbered(chunks):
             writer.add(start, images, labels)
-            start += len(labels)
-        return split_of(split, writer.finish())
+        return writer.finish()
 
 
 def _of_shape(image: np.ndarray, image_shape: tuple[int, int, int], split: str, index: int) -> np.ndarray:

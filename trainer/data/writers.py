@@ -44,7 +44,7 @@ import numpy as np
 from trainer.config.contract import MIN_EXAMPLES_PER_PREPARE_WORKER
 from trainer.core.cpus import CpuBudget, cpu_budget
 from trainer.core.errors import TaskFailedError, UsageError
-from trainer.data.tfrecords import ShardWriter, shard_slices, split_of
+from trainer.data.tfrecords import ShardWriter, numbered, shard_slices, split_of, write_chunks
 from trainer.records.dataset import Shard, Split
 
 log = logging.getLogger(__name__)
@@ -111,22 +111,10 @@ def write_splits(directory: str, sources: Sequence[SplitSource], requested: int)
     processes, why = process_count(requested, sources)
     log.info("writing %d shards with %d process(es) (%s)", sum(s.num_shards for s in sources), processes, why)
     if processes == 1:
-        written = _write_here(directory, sources)
+        written = {s.name: write_chunks(directory, s.name, s.chunks, s.num_shards) for s in sources}
     else:
         written = _write_in_processes(directory, sources, deal(sources, processes))
     return {s.name: split_of(s.name, written[s.name]) for s in sources}
-
-
-def _write_here(directory: str, sources: Sequence[SplitSource]) -> dict[str, dict[int, Shard]]:
-    written = {}
-    for source in sources:
-        with ShardWriter(directory, source.name, range(source.num_shards), source.num_shards) as writer:
-            start = 0
-            for images, labels in source.chunks:
-                writer.add(start, images, labels)
-                start += len(labels)
-            written[source.name] = writer.finish()
-    return written
 
 
 def _write_in_processes(
@@ -141,14 +129,12 @@ def _write_in_processes(
             writers.append(_Writer(context, directory, jobs, n))
         owner = {(split, shard): n for n, jobs in enumerate(groups) for split, shard, _ in jobs}
         for source in sources:
-            start = 0
-            for images, labels in source.chunks:
+            for start, images, labels in numbered(source.chunks):
                 parcels: dict[int, list[tuple[int, Any, Any]]] = {}
                 for shard, shard_images, shard_labels in shard_slices(start, images, labels, source.num_shards):
                     parcels.setdefault(owner[source.name, shard], []).append((shard, shard_images, shard_labels))
                 for n, parcel in parcels.items():
                     writers[n].send((source.name, parcel))
-                start += len(labels)
         for writer in writers:
             writer.send(None)
         written: dict[str, dict[int, Shard]] = {}
