@@ -59,13 +59,21 @@ def _ops(image: str, pods: PodSettings) -> tuple[Any, Any]:
     return ops, ops if training_image == image else components.build(training_image)
 
 
-def _prepare(
-    ops: Any, settings: StorageSettings, source: Any, max_train_examples: Any, max_test_examples: Any, num_shards: Any
-) -> Any:
+class Data(NamedTuple):
+    """The pipeline parameters of the prepare step."""
+
+    source: Any
+    max_train_examples: Any
+    max_test_examples: Any
+    num_shards: Any
+    data_uri: Any
+
+
+def _prepare(ops: Any, settings: StorageSettings, data: Data, store: Store) -> Any:
     prepared = ops.prepare_data(
-        source=source, max_train_examples=max_train_examples, max_test_examples=max_test_examples, num_shards=num_shards
+        **data._asdict(), run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, storage=store.storage, s3_endpoint=store.s3_endpoint
     )
-    return step(prepared, "prepare data", cache=settings.cache_data)
+    return with_storage_secret(with_namespace(step(prepared, "prepare data", cache=settings.cache_data)), settings)
 
 
 def _evaluate_and_publish(
@@ -82,7 +90,7 @@ def _evaluate_and_publish(
     evaluation = ops.evaluate(
         dataset=prepared.outputs["dataset"], models=models, min_accuracy=min_accuracy, gate=custom_gate
     )
-    step(evaluation, "evaluate and check serving")
+    with_storage_secret(step(evaluation, "evaluate and check serving"), settings)
     # evaluate decides (the gate and the serving check passed), the pipeline routes: one condition
     # on evaluate's Output, because kfp.local resolves no other named output in a condition.
     with dsl.If(evaluation.outputs["Output"] == "publish", name="quality gate and serving check"):
@@ -129,6 +137,7 @@ def mirrored_pipeline(image: str, pods: PodSettings = DEFAULT_PODS, settings: St
         max_train_examples: int,
         max_test_examples: int,
         num_shards: int,
+        data_uri: str,
         cluster_mode: str,
         port: int,
         startup_timeout: float,
@@ -156,7 +165,9 @@ def mirrored_pipeline(image: str, pods: PodSettings = DEFAULT_PODS, settings: St
         -> deploy to KServe.
         """
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
-        prepared = _prepare(ops, settings, source, max_train_examples, max_test_examples, num_shards)
+        store = Store(storage, s3_endpoint)
+        data = Data(source, max_train_examples, max_test_examples, num_shards, data_uri)
+        prepared = _prepare(ops, settings, data, store)
         cluster = ops.create_cluster(run_id=run_id, num_workers=num_workers, cluster_mode=cluster_mode, port=port)
         with_namespace(step(cluster, "create cluster"))
         with dsl.ParallelFor(cluster.outputs["Output"], name="workers") as worker_index:
@@ -180,15 +191,14 @@ def mirrored_pipeline(image: str, pods: PodSettings = DEFAULT_PODS, settings: St
                 gate=gate,
                 mixed_precision=mixed_precision,
             )
-            training_pod(step(worker, "train worker"), pods)
+            with_storage_secret(training_pod(step(worker, "train worker"), pods), settings)
             with_checkpoint_volume(worker, checkpoint_claim, settings)
         serving = Serving(serving_name, serving_timeout, serving_runtime_version)
         models = dsl.Collected(worker.outputs["model"])
-        store = Store(storage, s3_endpoint)
         gates = (min_accuracy, gate)
         return _evaluate_and_publish(ops, prepared, models, gates, publish_uri, store, settings, serving)
 
-    return dsl.pipeline(name=NAMES["multi_worker_mirrored"])(declare(pipeline, settings.overrides()))
+    return dsl.pipeline(name=NAMES["multi_worker_mirrored"])(declare(pipeline, settings.overrides(streams_data=True)))
 
 
 def parameter_server_pipeline(
@@ -207,6 +217,7 @@ def parameter_server_pipeline(
         max_train_examples: int,
         max_test_examples: int,
         num_shards: int,
+        data_uri: str,
         cluster_mode: str,
         port: int,
         startup_timeout: float,
@@ -229,7 +240,9 @@ def parameter_server_pipeline(
         gate -> publish -> deploy to KServe.
         """
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
-        prepared = _prepare(ops, settings, source, max_train_examples, max_test_examples, num_shards)
+        store = Store(storage, s3_endpoint)
+        data = Data(source, max_train_examples, max_test_examples, num_shards, data_uri)
+        prepared = _prepare(ops, settings, data, store)
         cluster = ops.create_ps_cluster(
             run_id=run_id, num_workers=num_workers, num_ps=num_ps, cluster_mode=cluster_mode, port=port
         )
@@ -261,7 +274,6 @@ def parameter_server_pipeline(
             with_storage_secret(training_pod(step(server, "ps or worker"), pods), settings)
         serving = Serving(serving_name, serving_timeout, serving_runtime_version)
         models = dsl.Collected(chief.outputs["model"])
-        store = Store(storage, s3_endpoint)
         gates = (min_accuracy, gate)
         return _evaluate_and_publish(ops, prepared, models, gates, publish_uri, store, settings, serving)
 

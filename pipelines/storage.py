@@ -68,11 +68,19 @@ class StorageSettings:
         """The Secret the storing steps get as environment: KFP's with storage 'kfp', else storage_secret."""
         return kfpstore.SECRET if self.storage == kfpstore.KFP else self.storage_secret
 
-    def overrides(self) -> dict[str, Any]:
-        """The pipeline parameter defaults these settings change."""
+    def overrides(self, streams_data: bool = False) -> dict[str, Any]:
+        """The pipeline parameter defaults these settings change.
+
+        Args:
+            streams_data: the pipeline's workers can read their shards from KFP's store (multi_worker_mirrored; the
+                parameter-server workers read through TensorFlow's own file systems, which have no s3://): with
+                storage 'kfp', data_uri defaults to the namespace's `private-artifacts/` there.
+        """
         changed: dict[str, Any] = {}
         if self.storage == kfpstore.KFP:
             changed.update(storage=kfpstore.KFP, publish_uri=kfpstore.PUBLISH_URI)
+            if streams_data:
+                changed["data_uri"] = kfpstore.DATA_URI
         if self.checkpoint_volume:
             changed["checkpoint_claim"] = self.checkpoint_volume
         return changed

@@ -66,3 +66,13 @@ def undisturbed_two_workers(sample_data, undisturbed_tensorboard, tmp_path_facto
 def _no_tf_config_leaks(monkeypatch):
     """Entry points called in-process set TF_CONFIG, as an entry point should; no test may see another's."""
     monkeypatch.delenv("TF_CONFIG", raising=False)
+
+
+@pytest.fixture
+def two_cpus(monkeypatch):
+    """Lets `prepare_workers` 2 start 2 processes here, whatever this machine's CPUs and however small the data."""
+    from trainer.core.cpus import CpuBudget
+    from trainer.data import writers
+
+    monkeypatch.setattr(writers, "MIN_EXAMPLES_PER_PREPARE_WORKER", 1)
+    monkeypatch.setattr(writers, "cpu_budget", lambda: CpuBudget(2.0, "test"))

@@ -91,7 +91,8 @@ def _compiled(tmp_path, strategy="multi_worker_mirrored", **storage):
     return docs[0], executors
 
 
-STORING = {"exec-publish-model", "exec-deploy-model"}
+# The steps that store, and those that read the dataset where data_uri put it (prepare writes it).
+STORING = {"exec-publish-model", "exec-deploy-model", "exec-prepare-data", "exec-evaluate"}
 PS_TASKS = {"exec-train-chief", "exec-train-server"}
 
 
@@ -102,7 +103,7 @@ def _secret_env(executor):
 
 def test_the_yaml_carries_the_secret_environment_and_when_asked_the_volume(tmp_path):
     spec, executors = _compiled(tmp_path, storage_secret="s3-creds", checkpoint_volume="shared")
-    for name in STORING:
+    for name in STORING | {"exec-train-worker"}:
         assert _secret_env(executors[name]) == (
             "s3-creds",
             {("accesskey", "AWS_ACCESS_KEY_ID"), ("secretkey", "AWS_SECRET_ACCESS_KEY")},
@@ -111,7 +112,7 @@ def test_the_yaml_carries_the_secret_environment_and_when_asked_the_volume(tmp_p
     assert mount["mountPath"] == "/mnt/checkpoints"
     assert mount["pvcNameParameter"]["componentInputParameter"].endswith("checkpoint_claim")
     assert spec["root"]["inputDefinitions"]["parameters"]["checkpoint_claim"]["defaultValue"] == "shared"
-    assert not any("secretAsEnv" in e for name, e in executors.items() if name not in STORING)
+    assert not any("secretAsEnv" in e for name, e in executors.items() if name not in STORING | {"exec-train-worker"})
 
     (tmp_path / "plain").mkdir()
     plain, plain_executors = _compiled(tmp_path / "plain")
@@ -127,7 +128,9 @@ def test_storage_kfp_is_one_setting_for_every_step_that_stores(tmp_path, strateg
     parameters = spec["root"]["inputDefinitions"]["parameters"]
     assert parameters["storage"]["defaultValue"] == "kfp"
     assert parameters["publish_uri"]["defaultValue"] == "s3://mlpipeline/private/{namespace}/models/mnist"
-    storing = STORING | (PS_TASKS if strategy == "parameter_server" else set())
+    streams = "s3://mlpipeline/private-artifacts/{namespace}/datasets" if strategy == "multi_worker_mirrored" else ""
+    assert parameters["data_uri"]["defaultValue"] == streams, "parameter-server workers cannot read s3://"
+    storing = STORING | (PS_TASKS if strategy == "parameter_server" else {"exec-train-worker"})
     assert {name for name, e in executors.items() if "secretAsEnv" in e} == storing
     for name in storing:
         assert _secret_env(executors[name]) == (

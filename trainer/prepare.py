@@ -3,9 +3,11 @@
 trainer-prepare --source sample --output /tmp/mnist
 trainer-prepare --source idx:/usr/share/datasets/fashion-mnist --output /tmp/fashion
 trainer-prepare --source tfds:mnist --tfds-data-dir ~/tensorflow_datasets --output /tmp/mnist-full
+trainer-prepare --source idx:DIR --output /tmp/fashion --data-uri s3://datasets/fashion --s3-endpoint http://minio:9000
 
 The shards are written by as many processes as the CPU allows (`--workers N` at most; `trainer.data.writers`), the
-same bytes whatever their number.
+same bytes whatever their number. With `--data-uri` they go straight to that bucket prefix or path, and `--output`
+holds only metadata.json, which names it.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ import argparse
 import logging
 import sys
 
-from trainer.config.contract import DataConfig
+from trainer.config.contract import DataConfig, StorageConfig
 from trainer.config.flags import Parser, add_settings, settings_from
 from trainer.core.entry import run_cli
 from trainer.data import sources
+from trainer.storage import kfpstore
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +34,8 @@ SETTINGS = (
     "class_names",
     "tfds_data_dir",
     "network_timeout",
+    "data_uri",
+    "s3_endpoint",
 )
 
 
@@ -52,7 +57,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> None:
         args = build_parser().parse_args(argv)
-        sources.run(settings_from(args, DataConfig), args.output)
+        data = settings_from(args, DataConfig)
+        endpoint = kfpstore.store(settings_from(args, StorageConfig), None).endpoint if data.data_uri else ""
+        sources.run(data, args.output, endpoint)
 
     return run_cli(body)
 

@@ -26,22 +26,50 @@ log = logging.getLogger(__name__)
 
 
 def prepare_data(
-    output: str, source: str, max_train_examples: int, max_test_examples: int, num_shards: int
+    output: str,
+    source: str,
+    max_train_examples: int,
+    max_test_examples: int,
+    num_shards: int,
+    data_uri: str = "",
+    run_id: str = "",
+    storage: str = "",
+    s3_endpoint: str = "",
 ) -> dict[str, Any]:
-    """Prepares the dataset into `output`; returns the counts the Dataset artifact records."""
-    from trainer.data import sources
+    """Prepares the dataset into `output`; returns the counts (and where its shards are) for the Dataset artifact.
 
+    With `data_uri` the shards go to `DATA_URI/<run key>` (`{namespace}` is this pod's), so that no two runs share
+    them, and `output` holds only metadata.json naming that place (`trainer.data.sources.run`).
+    """
+    from trainer.config.contract import StorageConfig
+    from trainer.core.runs import run_key
+    from trainer.data import sources
+    from trainer.k8s import objects
+    from trainer.storage import kfpstore
+
+    place = kfpstore.expand(DataConfig(data_uri=data_uri).data_uri, objects.namespace_if_pod() if data_uri else None)
+    if place and run_id:
+        place = f"{place.rstrip('/')}/{run_key(run_id)}"
+    endpoint = ""
+    if place.startswith("s3://"):
+        endpoint = kfpstore.store(StorageConfig(storage=storage, s3_endpoint=s3_endpoint), None).endpoint
     data = DataConfig(
-        source=source, max_train_examples=max_train_examples, max_test_examples=max_test_examples, num_shards=num_shards
+        source=source,
+        max_train_examples=max_train_examples,
+        max_test_examples=max_test_examples,
+        num_shards=num_shards,
+        data_uri=place,
     )
-    meta = sources.run(data, output)
-    counts = {
+    meta = sources.run(data, output, endpoint)
+    counts: dict[str, Any] = {
         "source": source,
         "train_examples": meta.num_examples("train"),
         "test_examples": meta.num_examples("test"),
     }
     if meta.num_classes:
         counts["num_classes"] = meta.num_classes
+    if meta.location:
+        counts["location"] = meta.location
     return counts
 
 

@@ -157,13 +157,15 @@ class FaultyProxy:
     """An HTTP proxy to `upstream` that answers 500 to every request `fails(request)` picks, and records them all.
 
     Requests pass through unchanged (Host included, so S3 signatures still match); a failed one never reaches
-    the server, as when the network drops during a transfer.
+    the server, as when the network drops during a transfer. `answered` records the body bytes of every answer
+    the server gave, by method and path (what a client read through the proxy).
     """
 
-    def __init__(self, upstream: str, fails: Callable[[Request], bool]) -> None:
+    def __init__(self, upstream: str, fails: Callable[[Request], bool] = lambda _: False) -> None:
         self.upstream = upstream
         self.fails = fails
         self.requests: list[tuple[str, str, bool]] = []
+        self.answered: list[tuple[str, str, int]] = []
         self._served: Served = serve(self, "127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self._served.port}"
 
@@ -188,7 +190,11 @@ class FaultyProxy:
         except urllib.error.HTTPError as err:
             status, body, reply_headers = err.code, err.read(), err.headers
         kept = [(k, v) for k, v in reply_headers.items() if k.lower() not in ("transfer-encoding", "connection")]
-        return Response(body, status=status, headers=kept)(environ, start_response)
+        self.answered.append((request.method, request.path, len(body)))
+        response = Response(body, status=status, headers=kept)
+        if request.method == "HEAD" and "Content-Length" in reply_headers:
+            response.headers["Content-Length"] = reply_headers["Content-Length"]  # the object's size, not the body's
+        return response(environ, start_response)
 
     def stop(self) -> None:
         self._served.stop()

@@ -101,6 +101,14 @@ def location(*schemes: str, what: str = "a local or volume path") -> Check:
     return Check(ok, ", ".join([f"empty, {what}", *(f"{s}://BUCKET/PREFIX" for s in schemes)]))
 
 
+def s3_endpoint() -> Check:
+    """Empty (AWS, or `$AWS_ENDPOINT_URL_S3`) or `http(s)://HOST[:PORT]`."""
+    return Check(
+        lambda v: isinstance(v, str) and (v == "" or bool(re.match(r"^https?://[^/\s]+/?$", v))),
+        "empty or http(s)://HOST[:PORT]",
+    )
+
+
 def comma_list(what: str = "names") -> Check:
     """Allows "" or comma-separated items, none empty and no two alike (spaces around an item do not count)."""
 

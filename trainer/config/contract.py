@@ -10,7 +10,6 @@ config that exists is valid.
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any
 
 from trainer.config.checks import (
@@ -31,6 +30,7 @@ from trainer.config.checks import (
     number_between,
     one_of,
     parse_gate,
+    s3_endpoint,
     setting,
     text,
 )
@@ -41,8 +41,8 @@ STRATEGIES = ("multi_worker_mirrored", "parameter_server")
 CLUSTER_MODES = ("kubernetes", "local")
 MAX_WORKERS = 64
 MAX_PREPARE_WORKERS = 1024
-# A process that writes shards starts its own TensorFlow (~3 s on one core): below this many examples of its own,
-# writing them in a process of their own saves less than that (`trainer.data.writers`).
+# A process that writes shards costs its start (~0.2 s of a core) and the ring's traffic: below this many examples of
+# its own, writing them in a process of their own saves less than that (`trainer.data.writers`).
 MIN_EXAMPLES_PER_PREPARE_WORKER = 200_000
 # KServe's own rule for an InferenceService name (IsvcNameFmt in its v1beta1 validation), at most a DNS label long.
 
@@ -74,10 +74,19 @@ class DataConfig(Checked):
         MAX_PREPARE_WORKERS,
         "the most processes that write the TFRecord shards; fewer where the CPU this process may use (its cgroup's "
         "CPU quota, else its CPU affinity, else the machine's cores, rounded down), the shards of both splits or "
-        f"one process per {MIN_EXAMPLES_PER_PREPARE_WORKER} examples (each starts its own TensorFlow) allow fewer; "
+        f"one process per {MIN_EXAMPLES_PER_PREPARE_WORKER} examples allow fewer; "
         "1: in this process; the shards are the same bytes whatever the number",
         check=int_between(1, MAX_PREPARE_WORKERS),
         flag="--workers",
+    )
+    data_uri: str = setting(
+        "",
+        "where the TFRecord shards are written and read: s3://BUCKET/PREFIX (storage, s3_endpoint), "
+        "gs://BUCKET/PREFIX or a path every pod mounts (a claim); a pipeline run writes under DATA_URI/<run key>; "
+        "metadata.json (in the Dataset artifact) names the place, so KFP copies only that file into a pod and each "
+        "training worker reads only its own shards from there; {namespace} is the run's namespace; empty: the shards "
+        "are inside the Dataset artifact, which KFP copies whole into every pod that takes it",
+        check=location("s3", "gs"),
     )
     tfds_data_dir: str = setting(
         "", "TFDS data_dir holding (or to receive) prepared TFDS datasets; empty: TFDS's own", check=text()
@@ -296,7 +305,7 @@ class PublishConfig(Checked):
 
 @dataclasses.dataclass(frozen=True)
 class StorageConfig(Checked):
-    """Which object store the s3:// locations (publish_uri, status_uri) are in, and with whose keys."""
+    """Which object store the s3:// locations (data_uri, publish_uri, status_uri) are in, and with whose keys."""
 
     storage: str = setting(
         "",
@@ -307,12 +316,9 @@ class StorageConfig(Checked):
     )
     s3_endpoint: str = setting(
         "",
-        "the S3 endpoint of s3:// locations (publish_uri, status_uri), such as http://seaweedfs.kubeflow:9000; "
-        "empty: the store storage names, else AWS S3 or $AWS_ENDPOINT_URL_S3",
-        check=Check(
-            lambda v: isinstance(v, str) and (v == "" or bool(re.match(r"^https?://[^/\s]+/?$", v))),
-            "empty or http(s)://HOST[:PORT]",
-        ),
+        "the S3 endpoint of s3:// locations (data_uri, publish_uri, status_uri), such as "
+        "http://seaweedfs.kubeflow:9000; empty: the store storage names, else AWS S3 or $AWS_ENDPOINT_URL_S3",
+        check=s3_endpoint(),
     )
 
 

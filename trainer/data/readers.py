@@ -21,8 +21,8 @@ class Reader(Protocol):
     data_dir: str
     meta: DatasetMetadata
 
-    def verify(self, split: str) -> None:
-        """Refuses a split whose files are missing or differ from the metadata (UsageError)."""
+    def verify(self, split: str, workers: int = 1, rank: int = 0) -> None:
+        """Refuses this worker's share of a split whose files are missing or differ from the metadata (UsageError)."""
 
     def stored(self, split: str) -> Any:
         """A whole split as stored, unbatched, in order."""
@@ -49,40 +49,53 @@ def by_file(files: list[Any], workers: int) -> bool:
 
 
 class ImageShards:
-    """TFRecord shards of uint8 images (`trainer.data.tfrecords`), checked by SHA-256 and fed as float32."""
+    """TFRecord shards of uint8 images (`trainer.data.tfrecords`), checked by SHA-256 and fed as float32.
+
+    The shards are read where they are (`tfrecords.shard_place`): by TensorFlow itself on a path or `gs://`, through
+    fsspec on `s3://` (`trainer.data.streamed`). A worker opens only the files of its share when they divide evenly.
+    """
 
     def __init__(self, data_dir: str, meta: DatasetMetadata) -> None:
-        self.data_dir, self.meta = data_dir, meta
+        from trainer.data.tfrecords import shard_place
 
-    def verify(self, split: str) -> None:
-        """Every shard of `split` exists and matches its SHA-256 (`trainer.data.tfrecords.verify_split`)."""
+        self.data_dir, self.meta = data_dir, meta
+        self.place = shard_place(data_dir, meta)
+
+    def verify(self, split: str, workers: int = 1, rank: int = 0) -> None:
+        """The shards of this worker's share of `split` exist and match their SHA-256.
+
+        All of them when the share is every N-th record (which reads every file).
+        """
         from trainer.data.tfrecords import verify_split
 
-        verify_split(self.data_dir, self.meta, split)
+        count = len(self.meta.split(split, self.data_dir).shards)
+        only = range(rank, count, workers) if by_file(list(range(count)), workers) else None
+        verify_split(self.data_dir, self.meta, split, only)
+
+    def _records(self, names: list[str], interleaved: bool) -> Any:
+        """The serialized records of `names`: file after file, or round-robin over them."""
+        from trainer.data.tfrecords import records_of
+
+        return records_of(self.place, names, interleaved)
+
+    def _files(self, split: str) -> list[str]:
+        return [s.file for s in self.meta.split(split, self.data_dir).shards]
 
     def stored(self, split: str) -> Any:
         """`(uint8 image, int64 label)` pairs, shard after shard."""
-        import tensorflow as tf
+        from trainer.data.tfrecords import decode_fn
 
-        from trainer.data.tfrecords import decode_fn, shard_paths
-
-        files = shard_paths(self.data_dir, self.meta, split)
-        return tf.data.TFRecordDataset(files).map(decode_fn(self.meta.image_shape))
+        return self._records(self._files(split), interleaved=False).map(decode_fn(self.meta.image_shape))
 
     def share(self, split: str, workers: int, rank: int) -> Any:
         """Whole files when they divide evenly among the workers, else every N-th record, decoded in order."""
         import tensorflow as tf
 
-        from trainer.data.tfrecords import decode_fn, shard_paths
+        from trainer.data.tfrecords import decode_fn
 
-        files = shard_paths(self.data_dir, self.meta, split)
+        files = self._files(split)
         whole = by_file(files, workers)
-        names = tf.data.Dataset.from_tensor_slices(files)
-        if whole:
-            names = names.shard(workers, rank)
-        records = names.interleave(
-            tf.data.TFRecordDataset, cycle_length=len(files), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
-        )
+        records = self._records(files[rank::workers] if whole else files, interleaved=True)
         records = records.map(decode_fn(self.meta.image_shape), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         if workers > 1 and not whole:
             records = records.shard(workers, rank)
@@ -103,7 +116,7 @@ class SavedSplits:
     def __init__(self, data_dir: str, meta: DatasetMetadata) -> None:
         self.data_dir, self.meta = data_dir, meta
 
-    def verify(self, split: str) -> None:
+    def verify(self, split: str, workers: int = 1, rank: int = 0) -> None:
         """Nothing before training: `load_split` refuses a missing split, and tf.data checks what it reads."""
 
     def stored(self, split: str) -> Any:

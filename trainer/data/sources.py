@@ -6,9 +6,11 @@ many processes as the CPU allows. Your own function's splits are saved by `train
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -17,6 +19,7 @@ from trainer.config.contract import SOURCE_FORMS, DataConfig, is_source
 from trainer.core.errors import UsageError
 from trainer.core.files import atomic_directory, check_writable_parent
 from trainer.data.idx import IdxSplit
+from trainer.data.place import Place
 from trainer.data.tfrecords import chunked
 from trainer.data.user_source import prepare_function
 from trainer.data.writers import SplitSource, write_splits
@@ -55,7 +58,22 @@ def _class_names(data: DataConfig) -> list[str]:
     return [n.strip() for n in data.class_names.split(",")] if data.class_names.strip() else []
 
 
-def prepare_idx(directory: str, config: DataConfig, out: str) -> DatasetMetadata:
+@contextlib.contextmanager
+def _filling(place: Place | None) -> Iterator[None]:
+    """Empties `place` first and again when the block fails (nothing to do without one)."""
+    if place is None:
+        yield
+        return
+    place.clear()
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):
+            place.clear()
+        raise
+
+
+def prepare_idx(directory: str, config: DataConfig, out: Place | str) -> DatasetMetadata:
     """Writes the shards of MNIST-format IDX files in `directory` into `out`; returns the metadata."""
     train, test = IdxSplit.open(directory, "train"), IdxSplit.open(directory, "test")
     if train.image_shape != test.image_shape:
@@ -89,7 +107,7 @@ def _check_download_hosts(builder: Any, name: str, timeout: float) -> None:
             ) from None
 
 
-def prepare_tfds(name: str, config: DataConfig, out: str) -> DatasetMetadata:
+def prepare_tfds(name: str, config: DataConfig, out: Place | str) -> DatasetMetadata:
     """Writes the shards of the TFDS dataset `name` into `out`; returns the metadata."""
     import tensorflow_datasets as tfds
 
@@ -129,26 +147,46 @@ def prepare_tfds(name: str, config: DataConfig, out: str) -> DatasetMetadata:
     return DatasetMetadata.of_images(config.source, shape, list(features["label"].names), splits)
 
 
-def run(config: DataConfig, output: str) -> DatasetMetadata:
-    """Prepares the dataset `config.source` into `output` atomically and returns its metadata."""
+def run(config: DataConfig, output: str, endpoint: str = "") -> DatasetMetadata:
+    """Prepares the dataset `config.source` into `output` atomically and returns its metadata.
+
+    With `config.data_uri` the shards go there (through `endpoint` on S3), straight from the writers, and `output`
+    holds only metadata.json, which names the place; a copy of it is written beside the shards, last. What was at
+    the place before is removed first, and what was written there is removed again when preparing fails.
+
+    Raises:
+        UsageError: a bad source or output, or `data_uri` with your own function's data (saved by tf.data inside the
+            Dataset artifact).
+    """
     kind, location = parse_source(config.source)
     if not output:
         raise UsageError("output path is empty; pass --output DIR")
+    if kind == "fn" and config.data_uri:
+        raise UsageError(
+            f"data_uri {config.data_uri!r} is not allowed with source {config.source!r}: your function's splits are "
+            "saved by tf.data inside the Dataset artifact; allowed: data_uri empty, or an image source"
+        )
     check_writable_parent(output)
-    with atomic_directory(output) as out:
+    place = Place.of(config.data_uri, endpoint) if config.data_uri else None
+    with atomic_directory(output) as out, _filling(place):
+        target = place or out
         if kind == "fn":
             meta = prepare_function(location, config, out)
         else:
-            meta = prepare_idx(location, config, out) if kind == "idx" else prepare_tfds(location, config, out)
+            meta = prepare_idx(location, config, target) if kind == "idx" else prepare_tfds(location, config, target)
+        if place is not None:
+            meta = meta.placed(place.base, place.endpoint)
+            place.location().write_json(meta.to_json(), DatasetMetadata.FILE)
         meta.write(out)
     counts = ", ".join(f"{split} {s.num_examples}" for split, s in meta.splits.items())
     if kind == "fn":
         log.info("prepared %s into %s: %s examples of %s", config.source, output, counts, meta.element_spec)
         return meta
     log.info(
-        "prepared %s into %s: %s examples, image shape %s, %d classes",
+        "prepared %s into %s%s: %s examples, image shape %s, %d classes",
         config.source,
         output,
+        f" (its shards at {meta.location})" if meta.location else "",
         counts,
         list(meta.image_shape or ()),
         meta.num_classes,

@@ -2,16 +2,18 @@
 
 Each record holds `image` (raw uint8 bytes, row-major `height x width x channels`) and `label` (int64).
 The metadata (`trainer.records.dataset`) lists example counts per split, the image shape, the classes and every shard
-with its SHA-256, so training and evaluation can refuse a corrupted or incomplete dataset before they start.
+with its SHA-256, so training and evaluation can refuse a corrupted or incomplete dataset before they start. The
+shards are beside metadata.json, or where its `location` says (`data_uri`: a bucket or a claim; `shard_place`).
 
-Example `i` of a split goes to shard `i % num_shards`, in order. Each record is serialized deterministically (the
-features' map in key order): protobuf otherwise orders a map as its hash table does, which differs from process to
-process, so the same examples gave shards of other bytes (and checksums) from one run to the next. A shard's bytes
-are a function of its examples alone, whichever process writes it (`trainer.data.writers`).
+Example `i` of a split goes to shard `i % num_shards`, in order. Each record is the Example TensorFlow would
+serialize deterministically (the features' map in key order), framed as `tf.io.TFRecordWriter` frames it
+(`trainer.data.framing`, which needs no TensorFlow), so the same examples give the same bytes, whichever process
+writes a shard and wherever it goes (`trainer.data.writers`). A shard's SHA-256 is taken as it is written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -19,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from trainer.core.errors import UsageError
-from trainer.core.files import exists
+from trainer.data.framing import frame, image_example
+from trainer.data.place import Place
 from trainer.records.dataset import DatasetMetadata, Shard, Split
 
 # Sources are read, and examples travel from a source to the shard writers, in chunks of about this many bytes.
@@ -29,16 +32,6 @@ CHUNK_BYTES = 1 << 17
 def shard_name(split: str, index: int, count: int) -> str:
     """The file name of one shard: `train-00001-of-00004.tfrecord`."""
     return f"{split}-{index:05d}-of-{count:05d}.tfrecord"
-
-
-def _sha256(path: str) -> str:
-    import tensorflow as tf
-
-    digest = hashlib.sha256()
-    with tf.io.gfile.GFile(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def shard_slices(start: int, images: np.ndarray, labels: np.ndarray, num_shards: int) -> Iterator[tuple[int, Any, Any]]:
@@ -71,25 +64,26 @@ def chunked(
 
 
 class ShardWriter:
-    """Writes some shards of one split, each from the examples given to it in order; `finish` checksums them.
+    """Writes some shards of one split at `place`, each from the examples given to it in order; `finish` ends them.
 
-    Used as a context manager: leaving it without `finish` closes the files as they are.
+    Used as a context manager: leaving it without `finish` leaves the shards unfinished (a store keeps no part of
+    an upload that was not completed).
     """
 
-    def __init__(self, directory: str, split: str, shards: Iterable[int], num_shards: int) -> None:
-        import tensorflow as tf
-
-        self._tf = tf
-        self.directory, self.split, self.num_shards = directory, split, num_shards
+    def __init__(self, place: Place | str, split: str, shards: Iterable[int], num_shards: int) -> None:
+        self.place = place if isinstance(place, Place) else Place.of(place)
+        self.split, self.num_shards = split, num_shards
         self._names = {shard: shard_name(split, shard, num_shards) for shard in shards}
         self._counts = dict.fromkeys(self._names, 0)
-        self._writers = {shard: tf.io.TFRecordWriter(f"{directory}/{name}") for shard, name in self._names.items()}
+        self._digests = {shard: hashlib.sha256() for shard in self._names}
+        self._stack = contextlib.ExitStack()
+        self._files = {shard: self._stack.enter_context(self.place.writer(name)) for shard, name in self._names.items()}
 
     def __enter__(self) -> ShardWriter:
         return self
 
-    def __exit__(self, *_: object) -> None:
-        self._close()
+    def __exit__(self, *exc: object) -> None:
+        self._stack.__exit__(*exc)
 
     def add(self, start: int, images: np.ndarray, labels: np.ndarray) -> None:
         """Writes this writer's examples of a chunk of the split whose first example has index `start`."""
@@ -99,31 +93,20 @@ class ShardWriter:
 
     def write(self, shard: int, images: np.ndarray, labels: np.ndarray) -> None:
         """Appends examples to one shard."""
-        tf, writer = self._tf, self._writers[shard]
-        for image, label in zip(images, labels, strict=True):
-            example = tf.train.Example(
-                features=tf.train.Features(
-                    feature={
-                        "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image.tobytes()])),
-                        "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
-                    }
-                )
-            )
-            writer.write(example.SerializeToString(deterministic=True))
+        data = b"".join(
+            frame(image_example(image.tobytes(), int(label))) for image, label in zip(images, labels, strict=True)
+        )
+        self._files[shard].write(data)
+        self._digests[shard].update(data)
         self._counts[shard] += len(labels)
 
     def finish(self) -> dict[int, Shard]:
-        """Closes the shards and returns each one's metadata by shard index."""
-        self._close()
+        """Completes the shards and returns each one's metadata by shard index."""
+        self._stack.close()
         return {
-            shard: Shard(name, self._counts[shard], _sha256(f"{self.directory}/{name}"))
+            shard: Shard(name, self._counts[shard], self._digests[shard].hexdigest())
             for shard, name in self._names.items()
         }
-
-    def _close(self) -> None:
-        writers, self._writers = self._writers, {}
-        for writer in writers.values():
-            writer.close()
 
 
 def split_of(split: str, shards: dict[int, Shard]) -> Split:
@@ -139,7 +122,7 @@ def split_of(split: str, shards: dict[int, Shard]) -> Split:
 
 
 def write_split(
-    directory: str,
+    directory: Place | str,
     split: str,
     examples: Iterable[tuple[np.ndarray, int]],
     num_shards: int,
@@ -160,7 +143,7 @@ def numbered(
 
 
 def write_chunks(
-    directory: str, split: str, chunks: Iterable[tuple[np.ndarray, np.ndarray]], num_shards: int
+    directory: Place | str, split: str, chunks: Iterable[tuple[np.ndarray, np.ndarray]], num_shards: int
 ) -> dict[int, Shard]:
     """Writes a split's chunks, in order, into all its `num_shards` shards in this process; returns their metadata."""
     with ShardWriter(directory, split, range(num_shards), num_shards) as writer:
@@ -192,21 +175,31 @@ def load_metadata(directory: str) -> DatasetMetadata:
     return DatasetMetadata.read(directory)
 
 
+def shard_place(directory: str, meta: DatasetMetadata) -> Place:
+    """Where the shards of the dataset whose metadata.json is in `directory` are: its `location`, else beside it."""
+    return Place.of(meta.location, meta.endpoint) if meta.location else Place.of(directory)
+
+
 def shard_paths(directory: str, meta: DatasetMetadata, split: str) -> list[str]:
-    """The paths of a split's shards."""
-    return [f"{directory.rstrip('/')}/{s.file}" for s in meta.split(split, directory).shards]
+    """The paths (or URIs) of a split's shards."""
+    place = shard_place(directory, meta)
+    return [place.uri(s.file) for s in meta.split(split, directory).shards]
 
 
-def verify_split(directory: str, meta: DatasetMetadata, split: str) -> None:
-    """Checks every shard of a split exists and matches its recorded SHA-256.
+def verify_split(directory: str, meta: DatasetMetadata, split: str, only: Iterable[int] | None = None) -> None:
+    """Checks that the shards of a split (those numbered `only`, default all) exist and match their SHA-256.
 
     Raises:
         UsageError: naming the first shard that is missing or whose checksum differs.
     """
-    for shard, path in zip(meta.split(split, directory).shards, shard_paths(directory, meta, split), strict=True):
-        if not exists(path):
+    place = shard_place(directory, meta)
+    shards = meta.split(split, directory).shards
+    for index in sorted(set(range(len(shards)) if only is None else only)):
+        shard = shards[index]
+        path = place.uri(shard.file)
+        if not place.exists(shard.file):
             raise UsageError(f"dataset shard {path!r} is missing")
-        actual = _sha256(path)
+        actual = place.sha256(shard.file)
         if actual != shard.sha256:
             raise UsageError(
                 f"dataset shard {path!r} is corrupted: sha256 {actual[:12]}... differs from "
@@ -231,15 +224,33 @@ def decode_fn(image_shape: tuple[int, int, int]):
     return decode
 
 
-def read_arrays(directory: str, split: str) -> tuple[np.ndarray, np.ndarray, DatasetMetadata]:
-    """Loads a whole split into memory (for evaluation and tests): images `[n, h, w, c]`, labels `[n]`, metadata."""
+def records_of(place: Place, names: list[str], interleaved: bool) -> Any:
+    """The serialized records of files `names` at `place`: file after file, or round-robin over them (in order).
+
+    TensorFlow reads a path or `gs://` itself; `s3://` is read through fsspec (`trainer.data.streamed`).
+    """
     import tensorflow as tf
 
+    if not place.native:
+        from trainer.data.streamed import dataset
+
+        return dataset(place, names, len(names) if interleaved else 1, interleaved)
+    paths = [place.uri(n) for n in names]
+    if not interleaved:
+        return tf.data.TFRecordDataset(paths)
+    return tf.data.Dataset.from_tensor_slices(paths).interleave(
+        tf.data.TFRecordDataset, cycle_length=len(paths), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+    )
+
+
+def read_arrays(directory: str, split: str) -> tuple[np.ndarray, np.ndarray, DatasetMetadata]:
+    """Loads a whole split into memory (for evaluation and tests): images `[n, h, w, c]`, labels `[n]`, metadata."""
     meta = load_metadata(directory)
     verify_split(directory, meta, split)
-    ds = tf.data.TFRecordDataset(shard_paths(directory, meta, split)).map(decode_fn(meta.image_shape)).batch(4096)
+    place = shard_place(directory, meta)
+    files = [s.file for s in meta.split(split, directory).shards]
     images, labels = [], []
-    for x, y in ds.as_numpy_iterator():
-        images.append(x)
-        labels.append(y)
+    for x, y in records_of(place, files, interleaved=False).map(decode_fn(meta.image_shape)).batch(4096):
+        images.append(x.numpy())
+        labels.append(y.numpy())
     return np.concatenate(images), np.concatenate(labels), meta

@@ -1,32 +1,35 @@
 """Writing a prepared dataset's TFRecord shards with several processes: the bytes one process writes, sooner.
 
 How examples reach the processes: this process reads the source once, in order, in chunks of `CHUNK_BYTES`
-(`trainer.data.idx.IdxSplit` decompresses as it reads; TFDS streams), cuts each chunk into its shards' examples
-(example `i` of a split goes to shard `i % num_shards`, `tfrecords.shard_slices`) and sends every writing process
-the examples of its own shards over a pipe of its own. A shard belongs to exactly one process, which writes it from
-its first record to its last.
+(`trainer.data.idx.IdxSplit` decompresses as it reads; TFDS streams) and copies each chunk into a free slot of a
+ring in shared memory (`_Ring`, a file in `/dev/shm` every writer maps); it tells each writing process that owns
+shards with examples in it (example `i` of a split goes to shard `i % num_shards`, `tfrecords.shard_slices`) the
+slot's number, and the writer serializes its examples straight from there and acknowledges the slot. A shard
+belongs to exactly one process, which writes it from its first record to its last. No example is pickled or sent
+through a pipe.
 
 Why this process streams rather than each writer reading the source itself and skipping the others' examples: a
 gzip stream (Debian's and the MNIST sites' IDX files) cannot be split, so N readers would each decompress all of
 it, N times the reading this process does once; and one reader serves every source alike (IDX files at a path or
-a URI, TFDS). Reading is the smaller part of the work: measured here, decompressing Fashion-MNIST takes ~3.6 µs of
-a core per example and writing its record ~8 µs (TensorFlow builds and serializes an Example, frames it, the shard
-is checksummed), so one reader keeps two writers busy and on 2 cores the three processes share the cores.
+a URI, TFDS). That one stream bounds the gain: measured here on 1.2 M Fashion-MNIST examples, decompressing takes
+~3 µs of a core per example and serializing, framing and checksumming its record ~2.5 µs (`trainer.data.framing`,
+without TensorFlow), so on 2 cores the reader is about as busy as both writers together.
 
 Why the bytes are the same whatever the number of processes: a shard's records are its examples in their order in
 the source, each serialized deterministically (`trainer.data.tfrecords`); which process writes a shard, and when,
 does not enter its bytes. With one process (`prepare_workers` 1, or a small dataset) the same `ShardWriter` writes
 every shard here.
 
-Memory: this process holds one chunk at a time, each writer the share of a chunk it is writing, and each pipe up to
-`PIPE_BYTES` of shares not yet read: sending waits while a pipe is full, so memory stays the same however large the
-dataset.
+Memory: this process holds one chunk at a time and the ring `SLOTS_PER_WRITER` chunks per writer (at most
+`RING_BYTES` in all); a writer holds its shards' unsent parts (`trainer.data.place`). Reading waits while every slot
+is in use, so memory stays the same however large the dataset.
 
 How many processes: at most `prepare_workers`, and never more than the CPU this process may use
-(`trainer.core.cpus.cpu_budget`), the shards of both splits, or one per `MIN_EXAMPLES_PER_PREPARE_WORKER` examples:
-each writer starts its own TensorFlow (seconds of a core) before it writes its first record. Processes are spawned,
-not forked (TensorFlow is not fork-safe once imported). Shards are dealt out largest first, each to the process with
-the fewest examples so far, so the test split's shard is weighed against the training shards.
+(`trainer.core.cpus.cpu_budget`), the shards of both splits, or one per `MIN_EXAMPLES_PER_PREPARE_WORKER` examples
+(a writer's start and the ring's traffic cost more than a few hundred thousand examples' writing saves). Processes
+are spawned, not forked (a process that has imported TensorFlow is not fork-safe). Shards are dealt out largest
+first, each to the process with the fewest examples so far, so the test split's shard is weighed against the
+training shards.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import pickle
 import signal
 from collections.abc import Iterable, Sequence
@@ -44,13 +48,16 @@ import numpy as np
 from trainer.config.contract import MIN_EXAMPLES_PER_PREPARE_WORKER
 from trainer.core.cpus import CpuBudget, cpu_budget
 from trainer.core.errors import TaskFailedError, UsageError
-from trainer.data.tfrecords import ShardWriter, numbered, shard_slices, split_of, write_chunks
+from trainer.data.place import Place
+from trainer.data.tfrecords import CHUNK_BYTES, ShardWriter, numbered, shard_slices, split_of, write_chunks
 from trainer.records.dataset import Shard, Split
 
 log = logging.getLogger(__name__)
 
-# What a pipe to a writing process may hold (`_widen`).
-PIPE_BYTES = 1 << 20
+# Slots of the shared ring per writing process (`_Ring`), chunks announced and not yet written, and the ring's
+# largest size (a container's /dev/shm is often 64 MiB).
+SLOTS_PER_WRITER = 8
+RING_BYTES = 16 << 20
 # One shard a process writes: (split, shard index, the split's shard count).
 Job = tuple[str, int, int]
 
@@ -99,7 +106,7 @@ def deal(sources: Sequence[SplitSource], processes: int) -> list[list[Job]]:
     return groups
 
 
-def write_splits(directory: str, sources: Sequence[SplitSource], requested: int) -> dict[str, Split]:
+def write_splits(directory: Place | str, sources: Sequence[SplitSource], requested: int) -> dict[str, Split]:
     """Writes every split's shards into `directory` with up to `requested` processes; returns each split's metadata.
 
     Raises:
@@ -117,24 +124,92 @@ def write_splits(directory: str, sources: Sequence[SplitSource], requested: int)
     return {s.name: split_of(s.name, written[s.name]) for s in sources}
 
 
+class _Ring:
+    """`SLOTS_PER_WRITER` slots per writing process in one file in memory (`/dev/shm`), each holding one piece.
+
+    A piece is up to `rows` consecutive examples of a split (about `CHUNK_BYTES` of images, at least one image):
+    their images, then their labels as int64. The file is
+    mapped by this process and by every writer, so a piece travels as its slot's number: no example is pickled or
+    copied through a pipe. A slot is free again once each writer it was announced to has acknowledged it.
+    """
+
+    def __init__(self, slots: int, image_bytes: int) -> None:
+        import mmap
+        import shutil
+        import tempfile
+
+        self.rows = max(1, CHUNK_BYTES // max(1, image_bytes))
+        self.image_bytes = image_bytes
+        self.slot_bytes = self.rows * (image_bytes + 8)
+        slots = max(2, min(slots, RING_BYTES // self.slot_bytes))
+        directory = None  # the temporary directory, where /dev/shm is missing, read-only or short of room
+        with contextlib.suppress(OSError):
+            if os.access("/dev/shm", os.W_OK) and shutil.disk_usage("/dev/shm").free > 2 * slots * self.slot_bytes:
+                directory = "/dev/shm"
+        handle, self.path = tempfile.mkstemp(prefix="trainer-prepare-", dir=directory)
+        try:
+            os.ftruncate(handle, slots * self.slot_bytes)
+            self._map = mmap.mmap(handle, slots * self.slot_bytes)
+        finally:
+            os.close(handle)
+        self.free = list(range(slots))
+        self.waiting: dict[int, int] = {}
+
+    @property
+    def layout(self) -> tuple[int, int, int]:
+        """What a writer needs to find a piece: rows per slot, bytes per image, bytes per slot."""
+        return self.rows, self.image_bytes, self.slot_bytes
+
+    def put(self, slot: int, images: np.ndarray, labels: np.ndarray) -> None:
+        """Copies a piece into `slot`."""
+        at = slot * self.slot_bytes
+        count = len(labels)
+        self._map[at : at + count * self.image_bytes] = np.ascontiguousarray(images, np.uint8).tobytes()
+        labels_at = at + self.rows * self.image_bytes
+        self._map[labels_at : labels_at + count * 8] = np.asarray(labels, np.int64).tobytes()
+
+    def release(self, slots: list[int]) -> None:
+        """Counts one acknowledgement for each of `slots`; a slot every writer has acknowledged is free again."""
+        for slot in slots:
+            self.waiting[slot] -= 1
+            if self.waiting[slot] == 0:
+                del self.waiting[slot]
+                self.free.append(slot)
+
+    def close(self) -> None:
+        """Unmaps and removes the file (the writers' own mappings end with them)."""
+        self._map.close()
+        with contextlib.suppress(OSError):
+            os.remove(self.path)
+
+
+def _piece(view: Any, layout: tuple[int, int, int], slot: int, count: int, shape: tuple[int, ...]) -> tuple[Any, Any]:
+    """A piece of `count` examples in `slot` of a ring mapped as `view`: `(images [count, *shape], labels)`."""
+    rows, image_bytes, slot_bytes = layout
+    at = slot * slot_bytes
+    images = np.frombuffer(view, np.uint8, count * image_bytes, at).reshape(count, *shape)
+    labels = np.frombuffer(view, np.int64, count, at + rows * image_bytes)
+    return images, labels
+
+
 def _write_in_processes(
-    directory: str, sources: Sequence[SplitSource], groups: list[list[Job]]
+    directory: Place | str, sources: Sequence[SplitSource], groups: list[list[Job]]
 ) -> dict[str, dict[int, Shard]]:
     import multiprocessing
 
     context = multiprocessing.get_context("spawn")
     writers: list[_Writer] = []
+    ring: _Ring | None = None
     try:
-        for n, jobs in enumerate(groups):
-            writers.append(_Writer(context, directory, jobs, n))
         owner = {(split, shard): n for n, jobs in enumerate(groups) for split, shard, _ in jobs}
         for source in sources:
             for start, images, labels in numbered(source.chunks):
-                parcels: dict[int, list[tuple[int, Any, Any]]] = {}
-                for shard, shard_images, shard_labels in shard_slices(start, images, labels, source.num_shards):
-                    parcels.setdefault(owner[source.name, shard], []).append((shard, shard_images, shard_labels))
-                for n, parcel in parcels.items():
-                    writers[n].send((source.name, parcel))
+                if ring is None:
+                    ring = _Ring(SLOTS_PER_WRITER * len(groups), int(np.prod(images.shape[1:], dtype=np.int64)))
+                    writers = [_Writer(context, directory, jobs, n, ring) for n, jobs in enumerate(groups)]
+                for offset in range(0, len(labels), ring.rows):
+                    piece = slice(offset, offset + ring.rows)
+                    _send(ring, writers, owner, source, start + offset, images[piece], labels[piece])
         for writer in writers:
             writer.send(None)
         written: dict[str, dict[int, Shard]] = {}
@@ -149,24 +224,56 @@ def _write_in_processes(
     finally:
         for writer in writers:
             writer.close()
+        if ring is not None:
+            ring.close()
+
+
+def _send(
+    ring: _Ring,
+    writers: list[_Writer],
+    owner: dict[tuple[str, int], int],
+    source: SplitSource,
+    start: int,
+    images: np.ndarray,
+    labels: np.ndarray,
+) -> None:
+    """Puts one piece in a free slot (waiting for acknowledgements while none is) and tells the writers it concerns."""
+    from multiprocessing.connection import wait
+
+    while not ring.free:
+        ready = wait([w.outbox for w in writers])
+        for writer in writers:
+            if writer.outbox in ready:
+                ring.release(writer.acknowledged())
+    slot = ring.free.pop()
+    ring.put(slot, images, labels)
+    shards = shard_slices(start, images, labels, source.num_shards)
+    concerned = sorted({owner[source.name, shard] for shard, _, _ in shards})
+    ring.waiting[slot] = len(concerned)
+    message = (source.name, slot, start, len(labels), tuple(images.shape[1:]))
+    for n in concerned:
+        writers[n].send(message)
 
 
 class _Writer:
-    """One spawned process writing its shards, fed over a pipe; it answers once, with its shards or its error."""
+    """One spawned process writing its shards: told of pieces in the ring, it acknowledges each, then answers once."""
 
-    def __init__(self, context: Any, directory: str, jobs: list[Job], number: int) -> None:
+    def __init__(self, context: Any, directory: Place | str, jobs: list[Job], number: int, ring: _Ring) -> None:
         inbox, self._inbox = context.Pipe(duplex=False)
-        _widen(self._inbox)
-        self._outbox, outbox = context.Pipe(duplex=False)
+        self.outbox, outbox = context.Pipe(duplex=False)
         self.process = context.Process(
-            target=_serve, args=(directory, jobs, inbox, outbox), name=f"shard-writer-{number}", daemon=True
+            target=_serve,
+            args=(directory, jobs, inbox, outbox, ring.path, ring.layout),
+            name=f"shard-writer-{number}",
+            daemon=True,
         )
         self.process.start()
         inbox.close()
         outbox.close()
+        self._answer: Any = None
 
     def send(self, message: Any) -> None:
-        """Hands the process its next examples (None: no more).
+        """Tells the process of its next piece (None: no more).
 
         Raises:
             the process's own error when it stopped (a UsageError stays one), else RuntimeError with its exit code.
@@ -178,26 +285,49 @@ class _Writer:
             pass
         raise self._failure()  # outside the except: the broken pipe is not the cause (nor a store's fault)
 
+    def _next(self) -> tuple[str, Any]:
+        """The process's next message: `("ack", slot)`, `("done", shards)`; its error is raised.
+
+        Raises:
+            the process's own error, else RuntimeError (or TaskFailedError, killed) when it ended without a word.
+        """
+        try:
+            kind, value = self.outbox.recv()
+        except EOFError:
+            raise self._failure() from None
+        if kind == "error":
+            raise value
+        return kind, value
+
+    def acknowledged(self) -> list[int]:
+        """The slots this process has finished with since last asked (its final answer is kept for `result`)."""
+        slots = []
+        while self._answer is None and self.outbox.poll():
+            kind, value = self._next()
+            if kind == "ack":
+                slots.append(value)
+            else:
+                self._answer = value
+        return slots
+
     def result(self) -> dict[str, dict[int, Shard]]:
         """Waits for the process to finish: its shards' metadata by split and shard index."""
-        try:
-            kind, value = self._outbox.recv()
-        except EOFError:
-            kind, value = "error", None
-        if kind == "error":
-            raise value or self._failure()
-        return value
+        while self._answer is None:
+            kind, value = self._next()
+            if kind != "ack":
+                self._answer = value
+        return self._answer
 
     def _failure(self) -> BaseException:
         with contextlib.suppress(EOFError, OSError):
-            if self._outbox.poll(10):
-                kind, value = self._outbox.recv()
+            while self.outbox.poll(10):
+                kind, value = self.outbox.recv()
                 if kind == "error":
                     return value
         self.process.join(10)
         code = self.process.exitcode
         if code is not None and code < 0:
-            # Killed (the OOM killer picks a writer: each holds a TensorFlow): the code a killed step has, 128 + signal.
+            # Killed (the OOM killer, an operator): the code a killed step has, 128 + signal.
             return TaskFailedError(
                 128 - code, f"{self.process.name} (pid {self.process.pid}) was killed by signal {-code}"
             )
@@ -212,37 +342,33 @@ class _Writer:
         """Waits for the process and closes both pipes."""
         self.process.join()
         self._inbox.close()
-        self._outbox.close()
+        self.outbox.close()
 
 
-def _widen(connection: Any) -> None:
-    """Lets a pipe hold several shares (Linux: up to /proc/sys/fs/pipe-max-size, 1 MiB by default; else as it is).
+def _serve(
+    directory: Place | str, jobs: list[Job], inbox: Any, outbox: Any, ring: str, layout: tuple[int, int, int]
+) -> None:
+    """A writing process: writes its examples of each piece it is told of into its shards until None, then answers."""
+    import mmap
 
-    With the default 64 KiB the reader and the writers wait on each other in turn: on 2 cores, the writing took
-    ~15% longer (measured here).
-    """
-    with contextlib.suppress(AttributeError, OSError):
-        import fcntl
-
-        fcntl.fcntl(connection.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
-
-
-def _serve(directory: str, jobs: list[Job], inbox: Any, outbox: Any) -> None:
-    """A writing process: writes each parcel of examples it receives into its shards until None, then answers."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is the parent's to handle; it ends this process
     try:
         shards: dict[tuple[str, int], list[int]] = {}
         for split, shard, num_shards in jobs:
             shards.setdefault((split, num_shards), []).append(shard)
         with contextlib.ExitStack() as stack:
+            mapped = stack.enter_context(open(ring, "rb"))  # noqa: SIM115 - closed by the stack
+            view = stack.enter_context(mmap.mmap(mapped.fileno(), 0, prot=mmap.PROT_READ))
             writers = {
                 split: stack.enter_context(ShardWriter(directory, split, indices, num_shards))
                 for (split, num_shards), indices in shards.items()
             }
             while (message := inbox.recv()) is not None:
-                split, parcel = message
-                for shard, images, labels in parcel:
-                    writers[split].write(shard, images, labels)
+                split, slot, start, count, shape = message
+                images, labels = _piece(view, layout, slot, count, shape)
+                writers[split].add(start, images, labels)
+                del images, labels  # views of the map, which closes with the stack
+                outbox.send(("ack", slot))
             outbox.send(("done", {split: writer.finish() for split, writer in writers.items()}))
     except EOFError:
         return  # the parent is gone: nobody waits for these shards

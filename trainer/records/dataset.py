@@ -3,7 +3,8 @@
 A prepared dataset is in one of two formats, told apart by the file's content:
 
 - TFRecord shards of uint8 images (`trainer.data.tfrecords`, no `format` key, `format_version` 1): the image shape,
-  the classes, and per split its example count and every shard with its SHA-256;
+  the classes, and per split its example count and every shard with its SHA-256; with `location` (and `endpoint`,
+  the S3 endpoint it was written through), the shards are there and not beside the file (`data_uri`);
 - your function's splits saved by tf.data (`trainer.data.user_source`, `format` "tf.data"): the element spec as text,
   and per split its example count and directory.
 
@@ -16,6 +17,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from trainer.config import checks
 from trainer.core.errors import UsageError
 
 METADATA_FILE = "metadata.json"
@@ -23,6 +25,8 @@ IMAGES = "tfrecord"
 SAVED = "tf.data"
 FORMAT_VERSION = 1
 SPLITS = ("train", "test")
+# Where a dataset's shards may be (its `location`): a path, s3:// or gs://.
+PLACES = checks.location("s3", "gs")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +65,8 @@ class DatasetMetadata:
         image_shape: height, width, channels of the images; None for saved splits.
         class_names: the classes in label order; empty for saved splits.
         element_spec: the saved splits' `(features, label)` spec as text; empty for images.
+        location: where the shards are (`s3://`, `gs://`, a path on a claim); empty: beside metadata.json.
+        endpoint: the S3 endpoint `location` was written through; empty: AWS S3 or `$AWS_ENDPOINT_URL_S3`.
     """
 
     format: str
@@ -70,6 +76,8 @@ class DatasetMetadata:
     image_shape: tuple[int, int, int] | None = None
     class_names: tuple[str, ...] = ()
     element_spec: str = ""
+    location: str = ""
+    endpoint: str = ""
 
     FILE: ClassVar[str] = METADATA_FILE
 
@@ -86,6 +94,10 @@ class DatasetMetadata:
         from trainer import __version__
 
         return cls(IMAGES, source, dict(splits), f"trainer {__version__}", tuple(image_shape), tuple(class_names))
+
+    def placed(self, location: str, endpoint: str) -> DatasetMetadata:
+        """This metadata with its shards at `location` (written through `endpoint`, on S3)."""
+        return dataclasses.replace(self, location=location, endpoint=endpoint if location.startswith("s3://") else "")
 
     @classmethod
     def of_saved(cls, source: str, element_spec: str, splits: Mapping[str, Split]) -> DatasetMetadata:
@@ -119,6 +131,7 @@ class DatasetMetadata:
                 "splits": splits,
                 "created_by": self.created_by,
             }
+        placed = {"location": self.location, **({"endpoint": self.endpoint} if self.endpoint else {})}
         return {
             "format_version": FORMAT_VERSION,
             "source": self.source,
@@ -127,6 +140,7 @@ class DatasetMetadata:
             "class_names": list(self.class_names),
             "splits": splits,
             "created_by": self.created_by,
+            **(placed if self.location else {}),
         }
 
     def write(self, directory: str) -> None:
@@ -257,6 +271,17 @@ def _images(data: dict[str, Any], path: str) -> DatasetMetadata:
         if not _count(total, 1) or total != sum(s["num_examples"] for s in shards):
             raise _fail(path, f"splits.{split}.num_examples", total, "at least 1, the sum of its shards' num_examples")
         checked[split] = Split(total, tuple(Shard(s["file"], s["num_examples"], s["sha256"]) for s in shards))
+    location, endpoint = data.get("location", ""), data.get("endpoint", "")
+    for field, value, check in (("location", location, PLACES), ("endpoint", endpoint, checks.s3_endpoint())):
+        if not check.ok(value):
+            raise _fail(path, field, value, check.allowed)
     return DatasetMetadata(
-        IMAGES, data.get("source"), checked, str(data.get("created_by", "")), tuple(shape), tuple(names)
+        IMAGES,
+        data.get("source"),
+        checked,
+        str(data.get("created_by", "")),
+        tuple(shape),
+        tuple(names),
+        location=location,
+        endpoint=endpoint,
     )

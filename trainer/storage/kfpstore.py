@@ -7,8 +7,9 @@ controller gives each namespace its own keys, allowed to write only under the pr
 (`pipelines-profile-controller/sync.py`); a model therefore belongs under `private/<namespace>/` (the namespace's
 own) or `shared/` (every namespace's). `private-artifacts/` may expire (`ARTIFACT_RETENTION_DAYS`).
 
-`storage=kfp` means all of this: the endpoint, the Secret (compiled into the pods that need storage) and a publish
-location under `private/<namespace>/`, the namespace read at run time (`{namespace}` in a location).
+`storage=kfp` means all of this: the endpoint, the Secret (compiled into the pods that need storage), a publish
+location under `private/<namespace>/` and, for the multi_worker_mirrored pipeline, the prepared dataset's shards
+under `private-artifacts/<namespace>/datasets/` (`DATA_URI`), the namespace read at run time (`{namespace}`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ SECRET = "mlpipeline-minio-artifact"
 SECRET_KEYS = {"accesskey": "AWS_ACCESS_KEY_ID", "secretkey": "AWS_SECRET_ACCESS_KEY"}
 NAMESPACE = "{namespace}"
 PUBLISH_URI = f"s3://{BUCKET}/private/{NAMESPACE}/models/mnist"
+# Prepared datasets: beside the namespace's KFP artifacts, under the same retention (ARTIFACT_RETENTION_DAYS).
+DATA_URI = f"s3://{BUCKET}/private-artifacts/{NAMESPACE}/datasets"
 PREFIXES = ("artifacts/", "private-artifacts/{namespace}/", "private/{namespace}/", "shared/")
 
 

@@ -12,7 +12,8 @@ Every operation goes through `Location.call`, which names each failure (`trainer
 - a throttled or unavailable store (S3 503 SlowDown, 500 InternalError, GCS 429 and 5xx, a connection refused or
   reset) is retried with backoff and jitter, 5 attempts in all, then StoreUnavailableError (142, retryable). On S3
   these are the only retries: s3fs's own (5 on SlowDown) and botocore's (5 per request) are turned off, so a call
-  makes at most 5 requests. gcsfs retries each request 6 times itself (1, 2, 4, 8, 16 s plus up to 1 s of jitter)
+  makes at most 5 requests (a streamed write, which cannot be repeated from here, leaves them to the clients:
+  `client_attempts`). gcsfs retries each request 6 times itself (1, 2, 4, 8, 16 s plus up to 1 s of jitter)
   and cannot be told otherwise per filesystem, so an error it has retried is not retried again: at most 6 requests;
   a transient error gcsfs does not retry (a 403 rate limit) gets the 5 attempts here;
 - a bucket that does not exist is bad input (exit 2); anything else is StorageError (exit 1).
@@ -49,8 +50,6 @@ _CREDENTIALS = {
     "s3": "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY",
     "gs": "the pod's Google service account (workload identity or GOOGLE_APPLICATION_CREDENTIALS)",
 }
-# One request per call on S3: the retries are `faults.retrying`'s (s3fs's and botocore's would multiply them).
-_S3_NO_CLIENT_RETRIES = {"retries": {"mode": "standard", "total_max_attempts": 1}}
 
 
 class StorageError(ServiceError):
@@ -70,9 +69,11 @@ class Location:
         uri: a path, `file://PATH`, `s3://BUCKET/PREFIX` or `gs://BUCKET/PREFIX`.
         endpoint: the S3 endpoint URL (SeaweedFS, MinIO); empty: AWS, or whatever `$AWS_ENDPOINT_URL_S3` says.
         refused: what to add to the line when the store refuses a call (where these credentials may write).
+        client_attempts: requests botocore makes per S3 call (it retries 5xx, throttling and broken connections);
+            1, so that `call` alone retries, except for an operation `call` cannot repeat (a streamed write's parts).
     """
 
-    def __init__(self, uri: str, endpoint: str = "", refused: str = "") -> None:
+    def __init__(self, uri: str, endpoint: str = "", refused: str = "", client_attempts: int = 1) -> None:
         import fsspec
 
         self.scheme = scheme_of(uri)
@@ -83,12 +84,12 @@ class Location:
             options: dict[str, Any] = {
                 "skip_instance_cache": True,
                 "use_listings_cache": False,
-                "config_kwargs": _S3_NO_CLIENT_RETRIES,
+                "config_kwargs": {"retries": {"mode": "standard", "total_max_attempts": client_attempts}},
             }
             if endpoint:
                 options["endpoint_url"] = endpoint
             self.fs = fsspec.filesystem("s3", **options)
-            self.fs.retries = 1
+            self.fs.retries = client_attempts
         elif self.scheme == "gs":
             self.fs = fsspec.filesystem("gs", skip_instance_cache=True, use_listings_cache=False)
         elif self.scheme:
@@ -115,10 +116,11 @@ class Location:
         """The URI of `parts` under this location, as users write it."""
         return "/".join([self.uri, *parts])
 
-    def call(self, kind: str, key: str, operation: Callable[[], T]) -> T:
+    def call(self, kind: str, key: str, operation: Callable[[], T], retry: bool = True) -> T:
         """`operation()`, one call of `kind` (list, read, write, delete) on `key`, under the storage fault rules.
 
-        A transient fault is retried (`faults.retrying`); every failure becomes one line naming it.
+        A transient fault is retried (`faults.retrying`; not with `retry` False: an operation that cannot be repeated,
+        a part of a streamed write); every failure becomes one line naming it.
 
         Raises:
             DeniedError: the store or the file system refused the call (exit 4).
@@ -129,7 +131,10 @@ class Location:
             FileNotFoundError: a local file the call reads is missing.
         """
         try:
-            return faults.retrying(operation, self._what(kind, key), client_retried=self._client_retried)
+            attempts = faults.ATTEMPTS if retry else 1
+            return faults.retrying(
+                operation, self._what(kind, key), attempts=attempts, client_retried=self._client_retried
+            )
         except DeniedError as fault:
             refusal = fault.__cause__
             if self.is_object_store and refusal is not None and (_code(refusal) or _forbidden(refusal)):

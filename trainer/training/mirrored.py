@@ -119,17 +119,16 @@ def run(
     devices, policy = local_devices(config)
     runtime = config.runtime
     chief = topology.is_chief(tf_config)
-    prepared = setup.prepare(config, chief)
+    workers, rank = topology.num_workers(tf_config), topology.worker_rank(tf_config)
+    prepared = setup.prepare(config, chief, workers, rank)
     meta = prepared.meta
     strategy = strategy or make_strategy(tf_config, config, devices)
     if on_formed:
         on_formed()
-    workers = topology.num_workers(tf_config)
     replicas = workers * devices.replicas
     batch_size = config.optim.batch_size * devices.replicas
     global_batch = config.optim.batch_size * replicas
     steps = prepared.steps(config, global_batch)
-    rank = topology.worker_rank(tf_config)
     learning_rate = scaled = config.optim.learning_rate * replicas**0.5
     threads = input_threads(prepared.threads, len(devices.gpus))
     # Before the model is built: its layers take the global policy when they are created.

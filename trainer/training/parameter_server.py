@@ -27,6 +27,8 @@ from trainer.config.contract import TrainConfig
 from trainer.core.errors import PeerUnavailableError, UsageError
 from trainer.core.tasks import TaskId
 from trainer.data.inputs import ps_dataset_creator
+from trainer.data.streamed import check_graph_readable
+from trainer.data.tfrecords import shard_place
 from trainer.modeling.export import save_model
 from trainer.records.history import History, of_run
 from trainer.training import setup
@@ -107,6 +109,7 @@ def run(
     check_topology(tf_config, config)
     runtime = config.runtime
     prepared = setup.prepare(config, chief=True)
+    check_graph_readable(shard_place(runtime.data_dir, prepared.meta), "parameter_server")
     with StatusPublisher(status_store(config)):
         if strategy is None:
             strategy = tf.distribute.experimental.ParameterServerStrategy(topology.cluster_resolver(tf_config))

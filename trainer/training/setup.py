@@ -48,11 +48,12 @@ class Prepared:
         return config.optim.steps_per_epoch or max(1, self.meta.num_examples("train") // global_batch)
 
 
-def prepare(config: TrainConfig, chief: bool) -> Prepared:
+def prepare(config: TrainConfig, chief: bool, workers: int = 1, rank: int = 0) -> Prepared:
     """Checks the inputs and outputs, then sizes TensorFlow's thread pools and seeds weights, shuffles and dropout.
 
     The model's kind is chosen here, once (`trainer.modeling.kinds.choose`), and refuses what it cannot honour. The
-    dataset is checked (the test split too when validating), and on the chief that the outputs are writable.
+    dataset is checked: the files of this worker's share (`rank` of `workers`) of the training split, the test split
+    too when validating; on the chief, that the outputs are writable.
 
     Raises:
         UsageError: a missing or corrupt dataset, an output location that cannot be written, a model_fn that cannot
@@ -67,7 +68,7 @@ def prepare(config: TrainConfig, chief: bool) -> Prepared:
     kind.check_settings(strategy=config.cluster.strategy)
     kind.check_data(runtime.data_dir, meta)
     reader = kind.reader(runtime.data_dir, meta)
-    reader.verify("train")
+    reader.verify("train", workers, rank)
     if config.optim.validate:
         reader.verify("test")
     log_dir = run_log_dir(runtime.tensorboard_dir, runtime.run_id) if runtime.tensorboard_dir else ""
