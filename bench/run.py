@@ -1,13 +1,15 @@
-"""`make bench`: throughput, scaling, where the time goes, time-to-accuracy, preparing, pipeline overhead: one run.
+"""`make bench`: throughput, scaling, time-to-accuracy, preparing, data at scale, pipeline overhead: one run.
 
-    python bench/run.py            # full: Fashion-MNIST (Debian's IDX files), under 20 minutes on 2 cores
-    python bench/run.py --quick    # the shipped sample, under 3 minutes: one sample per measurement, and without the
+    python bench/run.py            # full: Fashion-MNIST (Debian's IDX files) and a generated 2 GB dataset: about
+                                   # 25 minutes on 2 cores
+    python bench/run.py --quick    # the shipped sample, under 5 minutes: one sample per measurement, and without the
                                    # 3-worker, parameter-server and time-to-accuracy runs
 
 Preparing in parallel (`bench/prepare.py`, which runs alone too) prepares Fashion-MNIST repeated to 2.4 M examples
-(600 k in the quick run) with 1 and with 2 processes. Writes bench/results/<mode>.json, bench/results/<mode>.png
-and bench/results/<mode>.md; the full run also regenerates docs/benchmarks.md. Every ratio in the table comes from
-this one run on this one machine.
+(600 k in the quick run) with 1 and with 2 processes. Data at scale (`bench/scale.py`, which runs alone too) trains
+on a generated 2.16 GB dataset (216 MB in the quick run) from memory, streamed from disk and from moto's S3 server.
+Writes bench/results/<mode>.json, bench/results/<mode>.png and bench/results/<mode>.md; the full run also
+regenerates docs/benchmarks.md. Every ratio in the table comes from this one run on this one machine.
 """
 
 import argparse
@@ -164,6 +166,10 @@ def main() -> None:
 
     results["prepare"] = prepare_in_parallel(work / "prepare", quick=args.quick)
     section("preparing in parallel")
+    from bench.scale import measure as at_scale
+
+    results["scale"] = at_scale(work / "scale", quick=args.quick)
+    section("data at scale")
     results["ceiling_gflops"] = matmul_gflops()
     model = bench_model(meta.image_shape, meta.num_classes)
     results["train_flops_per_example"] = model_train_flops_per_example(model)

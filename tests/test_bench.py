@@ -123,3 +123,22 @@ def test_a_quick_run_does_not_judge_the_throughput_goals(bench):
     goals = bench.goals_met(quick)
     assert not any("plain Keras" in goal for goal in goals), goals
     assert "plain Keras" in " ".join(bench.goals_met(dict(quick, mode="full")))
+
+
+def test_the_data_at_scale_page_is_generated_from_its_recorded_run(bench):
+    recorded = json.loads((RESULTS / "scale-full.json").read_text())
+    assert (RESULTS / "scale-full.md").read_text() == "\n".join(bench.scale_lines(recorded))
+
+
+def test_the_recorded_run_at_scale_read_half_each_stayed_in_its_memory_and_trained_the_same():
+    scale = json.loads((RESULTS / "scale-full.json").read_text())
+    assert scale["dataset"]["train_bytes"] >= 2e9 and scale["dataset"]["sha256_equal"]
+    for name, run in scale["runs"].items():
+        workers = run["workers"].values()
+        if len(workers) == 2:
+            assert all(w["distinct_share_of_dataset"] <= 0.55 for w in workers), name
+        if "streamed" in name:
+            assert all(w["cache"] == "stream" for w in workers) and run["peak_disk_bytes"] < 1 << 20, name
+        assert run["same_losses"] and run["accuracy_gap"] <= 0.01, name
+    alone = scale["runs"]["1 worker streamed from S3"]["workers"]["0"]
+    assert alone["peak_anonymous_bytes"] < scale["simulated_memory_limit_bytes"]["1 worker"]

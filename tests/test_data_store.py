@@ -209,3 +209,26 @@ def test_your_functions_data_and_the_parameter_server_strategy_refuse_a_store_th
         check_graph_readable(Place.of("s3://models/x"), "parameter_server")
     check_graph_readable(Place.of("gs://models/x"), "parameter_server")
     check_graph_readable(Place.of(str(tmp_path)), "parameter_server")
+
+
+def test_a_share_over_its_limits_trains_streamed_from_the_store_and_says_what_it_read(keys, tmp_path, sample_data):
+    from tests.support.processes import run_module
+    from trainer.evaluation.metrics import evaluate
+
+    meta, out = _prepare(tmp_path, "streamed", keys.url)
+    share = sum(
+        keys.client(keys.publisher).head_object(Bucket=BUCKET, Key=f"streamed/{s.file}")["ContentLength"]
+        for s in meta.splits["train"].shards
+    )
+    env = {**keys.publisher.env(), "TRAINER_MEMORY_LIMIT": "1Mi", "TRAINER_DISK_LIMIT": "1"}
+    model = tmp_path / "model"
+    result = run_module("trainer.train", "--data", out, "--model-dir", str(model), "--epochs", "2", env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = result.stdout + result.stderr
+    assert "data cache: worker 0's share of the train split" in log and "; stream: more than 0.25" in log
+    assert "(at most TRAINER_DISK_LIMIT): read from the dataset every epoch" in log
+    assert "first training step done" in log
+    said = [line for line in log.splitlines() if "read through fsspec by this process so far" in line]
+    assert len(said) == 2, "one line per epoch"
+    assert f"of 4 files ({share} bytes) counted once" in said[-1], "every train shard read, each counted once"
+    assert evaluate(str(model), out).accuracy >= 0.85

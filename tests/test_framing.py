@@ -65,3 +65,19 @@ def test_a_file_cut_off_inside_a_record_is_refused_not_shortened():
     data = b"".join(framing.frame(b"abc" * 50) for _ in range(4))
     with pytest.raises(framing.FramingError, match=r"a record is cut off at byte 498 \(80 bytes after the last"):
         list(framing.records(io.BytesIO(data[:-86]), 1000, "x"))
+
+
+def test_the_chunks_of_a_workers_open_files_share_a_bound_however_many_files_it_has():
+    from trainer.data.streamed import MIN_READ_BYTES, STREAM_BYTES, read_bytes
+
+    MiB = 1 << 20
+    assert [read_bytes(files) for files in (1, 8, 32, 64, 128, 256, 1000)] == [
+        2 * MiB,
+        2 * MiB,
+        2 * MiB,
+        MiB,
+        MiB // 2,
+        MiB // 4,
+        MiB // 4,
+    ]
+    assert all(read_bytes(files) * files <= STREAM_BYTES for files in range(1, STREAM_BYTES // MIN_READ_BYTES + 1))

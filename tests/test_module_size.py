@@ -8,6 +8,7 @@ whose spec leaves a length open.
 import dataclasses
 import errno
 import logging
+import shutil
 
 import pytest
 
@@ -23,6 +24,8 @@ from trainer.core.memory import (
     Room,
     choose_cache,
     memory_limit,
+    room,
+    size,
 )
 from trainer.core.user_errors import TransientError, judge
 
@@ -103,6 +106,24 @@ def test_trainer_memory_limit_overrides_the_cgroup_and_must_be_a_quantity(tmp_pa
     )
     with pytest.raises(UsageError, match=r"^TRAINER_MEMORY_LIMIT 'lots' is not allowed; allowed: a Kubernetes"):
         memory_limit(tmp_path, env={"TRAINER_MEMORY_LIMIT": "lots"})
+
+
+def test_trainer_disk_limit_caps_the_free_space_a_cache_may_take_and_must_be_a_quantity(tmp_path):
+    free = shutil.disk_usage(tmp_path).free
+    limit = {"TRAINER_MEMORY_LIMIT": "1Mi"}
+    unlimited = room(str(tmp_path), tmp_path, env=limit)
+    assert (unlimited.disk_free, unlimited.disk()) == (free, f"the {size(free)} free in {tmp_path}")
+    capped = room(str(tmp_path), tmp_path, env={**limit, "TRAINER_DISK_LIMIT": "1Mi"})
+    assert capped.disk_free == min(free, 1 << 20)
+    assert capped.disk() == f"the {size(capped.disk_free)} free in {tmp_path} (at most TRAINER_DISK_LIMIT)"
+    share = 1 << 20
+    assert choose_cache(share, unlimited).where == ("disk" if share <= DISK_FRACTION * free else "stream")
+    choice = choose_cache(share, capped)
+    assert choice.where == "stream"
+    assert choice.reason.endswith(f"of {DISK_FRACTION:g} of {capped.disk()}: read from the dataset every epoch")
+    for bad in ("lots", "0"):
+        with pytest.raises(UsageError, match=rf"^TRAINER_DISK_LIMIT '{bad}' is not allowed; allowed: "):
+            room(str(tmp_path), tmp_path, env={**limit, "TRAINER_DISK_LIMIT": bad})
 
 
 @pytest.mark.parametrize("gate", ["pr-auc>=0.9", "val_auc >= 0.9", "f1<=0.5", "top-5-accuracy>=0.8", "a" * 64 + ">=1"])

@@ -8,6 +8,10 @@
    under cgroup v2, `memory.limit_in_bytes` under v1 (a pod's `resources.limits.memory` lands there);
 3. else the machine's memory.
 
+`room` also reads how much of the local disk a file cache may take: the free space of the temporary directory, at most
+`TRAINER_DISK_LIMIT` (bytes or a quantity) when set: a pod's `ephemeral-storage` limit, which the kubelet enforces by
+evicting the pod but the file system's free space does not show.
+
 `choose_cache` is the one decision both input pipelines (your function's saved splits and the TFRecord shards) take
 for a worker's share: in memory when it fits `MEMORY_FRACTION` of the limit (the rest is the model, its optimizer
 state, TensorFlow and the shuffle buffer), else in a `tf.data` file cache on local disk when it fits `DISK_FRACTION`
@@ -28,6 +32,7 @@ from trainer.core import cgroups
 MEMORY_FRACTION = 0.25
 DISK_FRACTION = 0.5
 LIMIT_ENV = "TRAINER_MEMORY_LIMIT"
+DISK_LIMIT_ENV = "TRAINER_DISK_LIMIT"
 # cgroup v1 writes "no limit" as the largest page-aligned 63-bit number (9223372036854771712).
 _UNLIMITED = 1 << 62
 
@@ -51,6 +56,11 @@ class Room:
     memory: MemoryLimit
     disk_dir: str
     disk_free: int
+    disk_source: str = ""
+
+    def disk(self) -> str:
+        """For a log line: `the 40.0 GiB free in /tmp` (with what limits it, when something does)."""
+        return f"the {size(self.disk_free)} free in {self.disk_dir}{self.disk_source}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,20 +105,46 @@ def choose_cache(share_bytes: int, room: Room, in_memory_already: int = 0) -> Ca
         return CacheChoice(
             "disk",
             share_bytes,
-            f"{over}; it fits {DISK_FRACTION:g} of the {size(room.disk_free)} free in {room.disk_dir}",
+            f"{over}; it fits {DISK_FRACTION:g} of {room.disk()}",
         )
-    disk = f"{DISK_FRACTION:g} of the {size(room.disk_free)} free in {room.disk_dir}" if room.disk_free else "no disk"
+    disk = f"{DISK_FRACTION:g} of {room.disk()}" if room.disk_free else "no disk"
     return CacheChoice("stream", share_bytes, f"{over} and of {disk}: read from the dataset every epoch")
 
 
-def room(disk_dir: str | None = None, proc: str | os.PathLike[str] = "/proc") -> Room:
-    """This process's memory limit and the free space of `disk_dir` (default: the temporary directory)."""
+def room(
+    disk_dir: str | None = None, proc: str | os.PathLike[str] = "/proc", env: Mapping[str, str] | None = None
+) -> Room:
+    """This process's memory limit and the free space of `disk_dir` (default: the temporary directory).
+
+    Raises:
+        UsageError: `TRAINER_MEMORY_LIMIT` or `TRAINER_DISK_LIMIT` is set but is not a quantity of at least 1 byte.
+    """
+    env = os.environ if env is None else env
     directory = disk_dir or tempfile.gettempdir()
     try:
         free = shutil.disk_usage(directory).free
     except OSError:
         free = 0
-    return Room(memory_limit(proc), directory, free)
+    source = ""
+    if env.get(DISK_LIMIT_ENV, "").strip():
+        free, source = min(free, _quantity(env, DISK_LIMIT_ENV)), f" (at most {DISK_LIMIT_ENV})"
+    return Room(memory_limit(proc, env), directory, free, source)
+
+
+def _quantity(env: Mapping[str, str], name: str) -> int:
+    """The bytes `env[name]` says (bytes or a Kubernetes quantity such as `512Mi`).
+
+    Raises:
+        UsageError: it is not a quantity of at least 1 byte.
+    """
+    from trainer.core.quantity import parse
+
+    amount = int(parse(env[name], name))
+    if amount < 1:
+        from trainer.core.errors import UsageError
+
+        raise UsageError(f"{name} {env[name]!r} is not allowed; allowed: at least 1 byte")
+    return amount
 
 
 def memory_limit(proc: str | os.PathLike[str] = "/proc", env: Mapping[str, str] | None = None) -> MemoryLimit:
@@ -119,14 +155,7 @@ def memory_limit(proc: str | os.PathLike[str] = "/proc", env: Mapping[str, str] 
     """
     env = os.environ if env is None else env
     if env.get(LIMIT_ENV, "").strip():
-        from trainer.core.quantity import parse
-
-        amount = int(parse(env[LIMIT_ENV], LIMIT_ENV))
-        if amount < 1:
-            from trainer.core.errors import UsageError
-
-            raise UsageError(f"{LIMIT_ENV} {env[LIMIT_ENV]!r} is not allowed; allowed: at least 1 byte")
-        return MemoryLimit(amount, LIMIT_ENV)
+        return MemoryLimit(_quantity(env, LIMIT_ENV), LIMIT_ENV)
     found = _cgroup_limit(Path(proc))
     if found:
         return MemoryLimit(*found)

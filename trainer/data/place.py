@@ -25,9 +25,13 @@ from typing import Any, BinaryIO
 from trainer.storage.locations import Location, scheme_of
 
 # Bytes per ranged read of a streamed file, and per part of a streamed write (S3 parts are at least 5 MiB).
-READ_BYTES = 4 << 20
+READ_BYTES = 2 << 20
 WRITE_BYTES = 8 << 20
 WRITE_ATTEMPTS = 5
+# What this process has read through `read_range`: bytes in all, and per file the furthest byte read (the training
+# log reports both per epoch).
+_READ = [0]
+_FURTHEST: dict[str, int] = {}
 # The file system of each place this process reads (an S3 client is a session and a connection pool: made once).
 _LOCATIONS: dict[tuple[str, str, bool], Location] = {}
 
@@ -98,7 +102,10 @@ class Place:
         """Bytes `start` to `end` (exclusive) of file `name`: one ranged request on a store, retried as a read."""
         location = location or self.location()
         key = location.path(name)
-        return location.call("read", key, lambda: location.fs.cat_file(key, start=start, end=end))
+        data = location.call("read", key, lambda: location.fs.cat_file(key, start=start, end=end))
+        _READ[0] += len(data)
+        _FURTHEST[key] = max(_FURTHEST.get(key, 0), start + len(data))
+        return data
 
     def chunks(self, name: str, chunk_bytes: int = READ_BYTES) -> Iterator[bytes]:
         """File `name` from its first byte to its last, in ranged reads of `chunk_bytes`."""
@@ -127,6 +134,16 @@ def _abandon(handle: Any) -> None:
             handle.closed = True  # else fsspec completes the upload it has just aborted when the object is collected
         else:
             handle.close()
+
+
+def bytes_read() -> tuple[int, int, int]:
+    """What this process has read from places through ranged reads (checksums and streamed records).
+
+    Returns:
+        The bytes read in all, the bytes of the files read counted once (each file from its start to the furthest
+        byte read), and how many files.
+    """
+    return _READ[0], sum(_FURTHEST.values()), len(_FURTHEST)
 
 
 class _Named:

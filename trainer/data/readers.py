@@ -83,20 +83,20 @@ class ImageShards:
 
     def stored(self, split: str) -> Any:
         """`(uint8 image, int64 label)` pairs, shard after shard."""
-        from trainer.data.tfrecords import decode_fn
+        from trainer.data.tfrecords import decoded
 
-        return self._records(self._files(split), interleaved=False).map(decode_fn(self.meta.image_shape))
+        return decoded(self._records(self._files(split), interleaved=False), self.meta.image_shape)
 
     def share(self, split: str, workers: int, rank: int) -> Any:
         """Whole files when they divide evenly among the workers, else every N-th record, decoded in order."""
         import tensorflow as tf
 
-        from trainer.data.tfrecords import decode_fn
+        from trainer.data.tfrecords import decoded
 
         files = self._files(split)
         whole = by_file(files, workers)
         records = self._records(files[rank::workers] if whole else files, interleaved=True)
-        records = records.map(decode_fn(self.meta.image_shape), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        records = decoded(records, self.meta.image_shape, tf.data.AUTOTUNE)
         if workers > 1 and not whole:
             records = records.shard(workers, rank)
         return records

@@ -27,6 +27,8 @@ from trainer.records.dataset import DatasetMetadata, Shard, Split
 
 # Sources are read, and examples travel from a source to the shard writers, in chunks of about this many bytes.
 CHUNK_BYTES = 1 << 17
+# Records parsed at once by `decoded` (a vectorized parse; the order is kept).
+DECODE_BATCH = 128
 
 
 def shard_name(split: str, index: int, count: int) -> str:
@@ -224,6 +226,29 @@ def decode_fn(image_shape: tuple[int, int, int]):
     return decode
 
 
+def decoded(records: Any, image_shape: tuple[int, int, int], parallel: Any = None) -> Any:
+    """`records` (serialized Examples) as `(uint8 image, int64 label)` pairs, in order, parsed `DECODE_BATCH` at a time.
+
+    What `records.map(decode_fn(image_shape))` gives, for less: one vectorized parse per batch costs about two thirds
+    of a parse per record (96x96x3 images: 40 against 61 µs a record on one core, read, shuffled and batched).
+    """
+    import tensorflow as tf
+
+    features = {
+        "image": tf.io.FixedLenFeature([], tf.string),
+        "label": tf.io.FixedLenFeature([], tf.int64),
+    }
+
+    def decode(serialized):
+        parsed = tf.io.parse_example(serialized, features)
+        images = tf.reshape(tf.io.decode_raw(parsed["image"], tf.uint8), (-1, *image_shape))
+        return images, parsed["label"]
+
+    batches = records.batch(DECODE_BATCH)
+    batches = batches.map(decode, num_parallel_calls=parallel, deterministic=True) if parallel else batches.map(decode)
+    return batches.unbatch()
+
+
 def records_of(place: Place, names: list[str], interleaved: bool) -> Any:
     """The serialized records of files `names` at `place`: file after file, or round-robin over them (in order).
 
@@ -250,7 +275,7 @@ def read_arrays(directory: str, split: str) -> tuple[np.ndarray, np.ndarray, Dat
     place = shard_place(directory, meta)
     files = [s.file for s in meta.split(split, directory).shards]
     images, labels = [], []
-    for x, y in records_of(place, files, interleaved=False).map(decode_fn(meta.image_shape)).batch(4096):
+    for x, y in decoded(records_of(place, files, interleaved=False), meta.image_shape).batch(4096):
         images.append(x.numpy())
         labels.append(y.numpy())
     return np.concatenate(images), np.concatenate(labels), meta

@@ -7,6 +7,8 @@ import logging
 import time
 from typing import Any
 
+from trainer.core.memory import size
+from trainer.data.place import bytes_read
 from trainer.modeling.kind import current_learning_rate
 
 log = logging.getLogger(__name__)
@@ -162,6 +164,17 @@ class ThroughputHistory:
                 outer.epochs.append(entry)
                 if outer.log_epochs:
                     log_epoch(entry)
+                total, distinct, files = bytes_read()
+                if total:
+                    log.info(
+                        "dataset read through fsspec by this process so far: %s in all (%d bytes), %s of %d files "
+                        "(%d bytes) counted once",
+                        size(total),
+                        total,
+                        size(distinct),
+                        files,
+                        distinct,
+                    )
 
         self.epochs: list[dict[str, Any]] = []
         self.log_epochs = True
@@ -169,6 +182,48 @@ class ThroughputHistory:
         self._fit_start = 0.0
         self._validation_start: float | None = None
         self.callback = _Callback()
+
+
+def first_step_log() -> Any:
+    """A Keras callback that logs when the first training step (the first call of the step function) is done.
+
+    The time counts from this process's start: importing TensorFlow, checking the dataset, building the model and the
+    input pipeline, and the first step itself, which fills a cached share. A batch-level callback, so the
+    multi_worker_mirrored runner's only (ParameterServerStrategy refuses them).
+    """
+    import tf_keras as keras
+
+    class _Callback(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self._supports_tf_logs = True  # it reads no logs: Keras need not turn them into numbers every step
+            self._began, self._done = 0.0, False
+
+        def on_train_begin(self, logs=None):
+            self._began, self._done = time.perf_counter(), False
+
+        def on_train_batch_end(self, batch, logs=None):
+            if not self._done:
+                self._done = True
+                log.info(
+                    "first training step done %.1f s after this process started, %.1f s after training began",
+                    process_seconds(),
+                    time.perf_counter() - self._began,
+                )
+
+    return _Callback()
+
+
+def process_seconds() -> float:
+    """Seconds since this process started (Linux's /proc; 0 where it is missing)."""
+    import os
+
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            started = int(stat.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+            return float(uptime.read().split()[0]) - started
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def scalar_logs(logs: dict[str, Any] | None) -> dict[str, float]:

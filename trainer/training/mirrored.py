@@ -22,6 +22,7 @@ from trainer.data.inputs import eval_dataset, train_dataset
 from trainer.modeling.export import save_and_discard, save_model
 from trainer.records.history import History, of_run
 from trainer.training import setup
+from trainer.training.callbacks import first_step_log
 from trainer.training.collectives import (
     Devices,
     choose_devices,
@@ -153,7 +154,7 @@ def run(
         )
     if teardown is not None and workers > 1:
         datasets = teardown.keep(strategy, datasets, rank, workers)
-    callbacks = built.callbacks(prepared.log_dir, chief)
+    callbacks = [*built.callbacks(prepared.log_dir, chief), first_step_log()]
     log.info(
         "training %d epochs x %d steps, global batch %d (%d per replica x %d replicas: %d workers x %d %s), "
         "learning rate %g per replica x sqrt(%d replicas) = %g (a model_fn's optimizer keeps its own), input "

@@ -85,33 +85,48 @@ class Teardown:
         self.rank, self.workers = rank, workers
         return _kept_dataset(strategy.experimental_distribute_dataset(dataset), self.iterators)
 
-    def leave(self, code: int) -> int:
+    def leave(self, code: int, service: Any = None) -> int:
         """Exits with `code` once every worker reached the barrier when iterators are kept and `code` is 0.
 
+        `service` is the coordination service's client (default: TensorFlow's eager context, which is one).
         Returns `code` (the caller exits the ordinary way) when nothing is kept, the process failed, or the
         barrier failed (a peer failed or did not finish within `barrier_timeout_s`).
         """
         if code or not self.iterators:
             return code
-        from tensorflow.python.eager import context
+        if service is None:
+            from tensorflow.python.eager import context
 
-        service = context.context()
-        try:
-            service.wait_at_barrier(BARRIER, int(self.barrier_timeout_s * 1000))
-            if self.rank:
-                service.set_config_key_value(f"{LEFT}/{self.rank}", "left")
-        except Exception as error:  # noqa: BLE001 - any failure of the barrier means: end the ordinary way
-            log.warning("not every worker reached the end (%s): this process ends the ordinary way", error)
+            service = context.context()
+        if not self.together(service):
             return code
-        peers_leaving = range(1, self.workers) if self.rank == 0 else range(0)
-        for rank in peers_leaving:
-            try:
-                service.get_config_key_value(f"{LEFT}/{rank}", int(self.left_timeout_s * 1000))
-            except Exception as error:  # noqa: BLE001 - the peer passed the barrier: its work is done
-                log.warning("worker %d did not say it is leaving (%s)", rank, error)
         log.info("every worker finished: leaving with the training input's %d iterator(s) kept", len(self.iterators))
         atexit._run_exitfuncs()  # what the interpreter's exit runs first (autograph removes its generated files)
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+    def together(self, service: Any) -> bool:
+        """Whether every worker reached the barrier; rank 0 then waits for the others to say they are leaving.
+
+        A worker whose word that it is leaving fails after the barrier still leaves: rank 0 may have read that
+        word and left before the service's answer reached it (its connection then reads `Socket closed`).
+        """
+        try:
+            service.wait_at_barrier(BARRIER, int(self.barrier_timeout_s * 1000))
+        except Exception as error:  # noqa: BLE001 - any failure of the barrier means: end the ordinary way
+            log.warning("not every worker reached the end (%s): this process ends the ordinary way", error)
+            return False
+        if self.rank:
+            try:
+                service.set_config_key_value(f"{LEFT}/{self.rank}", "left")
+            except Exception as error:  # noqa: BLE001 - every worker passed the barrier: leaving is safe
+                log.info("rank 0 did not answer that this worker is leaving (%s): it may have left", error)
+            return True
+        for rank in range(1, self.workers):
+            try:
+                service.get_config_key_value(f"{LEFT}/{rank}", int(self.left_timeout_s * 1000))
+            except Exception as error:  # noqa: BLE001 - the peer passed the barrier: its work is done
+                log.warning("worker %d did not say it is leaving (%s)", rank, error)
+        return True
