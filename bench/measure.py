@@ -22,6 +22,29 @@ def bench_env(**extra):
     return env
 
 
+def run_alone(doc, name, measure, render=None):
+    """A bench section as its own command: `--quick`, `--out DIR`; writes DIR/<name>-<mode>.json (and .md: `render`).
+
+    `measure(work, quick)` measures in DIR/tmp/<name>-<mode>; `render(results)` gives the page's lines, printed (the
+    results as JSON without it).
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = parser.parse_args()
+    mode = "quick" if args.quick else "full"
+    out = Path(args.out)
+    results = measure(out / "tmp" / f"{name}-{mode}", args.quick)
+    (out / f"{name}-{mode}.json").write_text(json.dumps(results, indent=2) + "\n")
+    text = json.dumps(results, indent=2)
+    if render:
+        text = "\n".join(render(results))
+        (out / f"{name}-{mode}.md").write_text(text)
+    print(text)
+
+
 def pinned_to(cpus):
     """A `preexec_fn` pinning the new process (and every thread and child it starts) to `cpus`; None: not pinned."""
     if cpus is None:

@@ -11,7 +11,6 @@ process's TensorFlow takes about 3 s of a core before it writes its first record
 bench/results/prepare-<mode>.json; `bench/run.py` runs `measure` as its section "preparing in parallel".
 """
 
-import argparse
 import filecmp
 import gzip
 import json
@@ -24,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.measure import ROOT, run  # noqa: E402 - the project's root must be importable first
+from bench.measure import run, run_alone  # noqa: E402 - the project's root must be importable first
 
 FASHION = "/usr/share/datasets/fashion-mnist"
 TRAIN_EXAMPLES = {"full": 2_400_000, "quick": 600_000}
@@ -100,17 +99,5 @@ def measure(work, quick=False):
     }
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
-    args = parser.parse_args()
-    mode = "quick" if args.quick else "full"
-    out = Path(args.out)
-    results = measure(out / "tmp" / f"prepare-{mode}", args.quick)
-    (out / f"prepare-{mode}.json").write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
-
-
 if __name__ == "__main__":
-    main()
+    run_alone(__doc__, "prepare", measure)

@@ -45,19 +45,10 @@ from bench.measure import (
     run as run_command,
 )
 from bench.report import INDEPENDENT, PINNED_ONE, markdown, plot  # noqa: E402
+from trainer.core.processes import process_seconds  # noqa: E402
 
 FASHION = "/usr/share/datasets/fashion-mnist"
 FASHION_NAMES = "T-shirt/top,Trouser,Pullover,Dress,Coat,Sandal,Shirt,Sneaker,Bag,Ankle boot"
-
-
-def process_age() -> float:
-    """Seconds since this process started (Linux), so that the total includes the interpreter's start and imports."""
-    try:
-        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
-            start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
-            return float(uptime.read().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK")
-    except OSError:
-        return 0.0
 
 
 def time_to_accuracy(data, work, learning_rate, target=0.90, epochs=5):
@@ -104,7 +95,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = parser.parse_args()
-    main_started, before_main = time.perf_counter(), process_age()
+    main_started, before_main = time.perf_counter(), process_seconds()
     started = main_started - before_main
     print(f"bench started {datetime.now(timezone.utc):%H:%M:%S} UTC", flush=True)
     mode = "quick" if args.quick else "full"

@@ -27,7 +27,6 @@ directory grew to (a file cache would be there), and time to the first step; exa
 of each run's model. Writes bench/results/scale-<mode>.json; `bench/run.py` runs `measure` as its section.
 """
 
-import argparse
 import json
 import os
 import re
@@ -40,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.measure import ROOT, bench_env  # noqa: E402 - the project's root must be importable first
+from bench.measure import ROOT, bench_env, run_alone  # noqa: E402 - the project's root must be importable first
 
 TRAIN_EXAMPLES = {"full": 78_000, "quick": 7_800}
 TEST_EXAMPLES = 1_000
@@ -317,21 +316,7 @@ def json_splits(directory: Path):
     return DatasetMetadata.read(str(directory)).splits
 
 
-def main() -> None:
+if __name__ == "__main__":
     from bench.report import scale_lines
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
-    args = parser.parse_args()
-    mode = "quick" if args.quick else "full"
-    out = Path(args.out)
-    results = measure(out / "tmp" / f"scale-{mode}", args.quick)
-    (out / f"scale-{mode}.json").write_text(json.dumps(results, indent=2) + "\n")
-    text = "\n".join(scale_lines(results))
-    (out / f"scale-{mode}.md").write_text(text)
-    print(text)
-
-
-if __name__ == "__main__":
-    main()
+    run_alone(__doc__, "scale", measure, scale_lines)

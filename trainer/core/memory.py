@@ -126,17 +126,20 @@ def room(
     except OSError:
         free = 0
     source = ""
-    if env.get(DISK_LIMIT_ENV, "").strip():
-        free, source = min(free, _quantity(env, DISK_LIMIT_ENV)), f" (at most {DISK_LIMIT_ENV})"
+    cap = _quantity(env, DISK_LIMIT_ENV)
+    if cap is not None:
+        free, source = min(free, cap), f" (at most {DISK_LIMIT_ENV})"
     return Room(memory_limit(proc, env), directory, free, source)
 
 
-def _quantity(env: Mapping[str, str], name: str) -> int:
-    """The bytes `env[name]` says (bytes or a Kubernetes quantity such as `512Mi`).
+def _quantity(env: Mapping[str, str], name: str) -> int | None:
+    """The bytes `env[name]` says (bytes or a Kubernetes quantity such as `512Mi`); None when it is unset or blank.
 
     Raises:
         UsageError: it is not a quantity of at least 1 byte.
     """
+    if not env.get(name, "").strip():
+        return None
     from trainer.core.quantity import parse
 
     amount = int(parse(env[name], name))
@@ -154,8 +157,9 @@ def memory_limit(proc: str | os.PathLike[str] = "/proc", env: Mapping[str, str] 
         UsageError: `TRAINER_MEMORY_LIMIT` is set but is not a quantity of at least 1 byte.
     """
     env = os.environ if env is None else env
-    if env.get(LIMIT_ENV, "").strip():
-        return MemoryLimit(_quantity(env, LIMIT_ENV), LIMIT_ENV)
+    amount = _quantity(env, LIMIT_ENV)
+    if amount is not None:
+        return MemoryLimit(amount, LIMIT_ENV)
     found = _cgroup_limit(Path(proc))
     if found:
         return MemoryLimit(*found)

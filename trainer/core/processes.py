@@ -28,3 +28,13 @@ def signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
 def is_error_line(line: str) -> bool:
     """Whether a process's output line says why it failed: an `error:` line or an uncaught exception's last line."""
     return line.startswith("error:") or _UNCAUGHT.match(line) is not None
+
+
+def process_seconds() -> float:
+    """Seconds since this process started (Linux's /proc; 0 where it is missing)."""
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            started = int(stat.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+            return float(uptime.read().split()[0]) - started
+    except (OSError, ValueError, IndexError):
+        return 0.0

@@ -209,14 +209,18 @@ def verify_split(directory: str, meta: DatasetMetadata, split: str, only: Iterab
             )
 
 
+def _image_features() -> dict[str, Any]:
+    """The features of an image Example (`trainer.data.framing.image_example`) as TensorFlow parses them."""
+    import tensorflow as tf
+
+    return {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
+
+
 def decode_fn(image_shape: tuple[int, int, int]):
     """A tf.data map function from a serialized Example to `(uint8 image, int64 label)`."""
     import tensorflow as tf
 
-    features = {
-        "image": tf.io.FixedLenFeature([], tf.string),
-        "label": tf.io.FixedLenFeature([], tf.int64),
-    }
+    features = _image_features()
 
     def decode(serialized):
         parsed = tf.io.parse_single_example(serialized, features)
@@ -234,10 +238,7 @@ def decoded(records: Any, image_shape: tuple[int, int, int], parallel: Any = Non
     """
     import tensorflow as tf
 
-    features = {
-        "image": tf.io.FixedLenFeature([], tf.string),
-        "label": tf.io.FixedLenFeature([], tf.int64),
-    }
+    features = _image_features()
 
     def decode(serialized):
         parsed = tf.io.parse_example(serialized, features)

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from trainer.core.memory import size
+from trainer.core.processes import process_seconds
 from trainer.data.place import bytes_read
 from trainer.modeling.kind import current_learning_rate
 
@@ -212,18 +213,6 @@ def first_step_log() -> Any:
                 )
 
     return _Callback()
-
-
-def process_seconds() -> float:
-    """Seconds since this process started (Linux's /proc; 0 where it is missing)."""
-    import os
-
-    try:
-        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
-            started = int(stat.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
-            return float(uptime.read().split()[0]) - started
-    except (OSError, ValueError, IndexError):
-        return 0.0
 
 
 def scalar_logs(logs: dict[str, Any] | None) -> dict[str, float]:
