@@ -23,9 +23,18 @@ def main() -> None:
         "--steps-per-execution", type=int, default=1, help="Keras compile option (default 1, Keras' own default)"
     )
     parser.add_argument("--cosine-decay", action="store_true", help="the trainer's schedule: cosine over all steps")
+    parser.add_argument("--threads", type=int, default=0, help="TensorFlow's intra- and inter-op threads (0: its own)")
+    parser.add_argument(
+        "--step-times", action="store_true", help="also every step's seconds after the first epoch (step_seconds)"
+    )
     args = parser.parse_args()
 
+    import tensorflow as tf
     import tf_keras as keras
+
+    if args.threads:
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
 
     from trainer.data.tfrecords import read_arrays
     from trainer.modeling.cnn import build_model
@@ -43,7 +52,7 @@ def main() -> None:
         decay_steps=args.epochs * steps if args.cosine_decay else 0,
         steps_per_execution=args.steps_per_execution,
     )
-    times = []
+    times, step_times = [], []
 
     class Timer(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
@@ -52,8 +61,19 @@ def main() -> None:
         def on_epoch_end(self, epoch, logs=None):
             times.append(time.perf_counter() - self.start)
 
-    model.fit(x, labels, batch_size=args.batch_size, epochs=args.epochs, shuffle=True, verbose=0, callbacks=[Timer()])
-    print(json.dumps({"epoch_seconds": times, "examples_per_epoch": len(x), "steps_per_epoch": steps}))
+        def on_train_batch_begin(self, batch, logs=None):
+            self.step_start = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            if times:
+                step_times.append(time.perf_counter() - self.step_start)
+
+    callbacks = [Timer()]
+    model.fit(x, labels, batch_size=args.batch_size, epochs=args.epochs, shuffle=True, verbose=0, callbacks=callbacks)
+    result = {"epoch_seconds": times, "examples_per_epoch": len(x), "steps_per_epoch": steps}
+    if args.step_times:
+        result["step_seconds"] = step_times
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

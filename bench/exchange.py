@@ -1,11 +1,14 @@
-"""Two processes, each pinned to its own core, exchanging one gradient's worth of bytes: the floor and TF's all-reduce.
+"""Processes, each pinned to a core, exchanging one gradient's worth of bytes: the floor and TF's all-reduce.
 
     python bench/exchange.py --bytes 1300000 --rounds 200 socket        # plain TCP on loopback + numpy add
     python bench/exchange.py --bytes 1300000 --rounds 200 collective    # MultiWorkerMirroredStrategy all-reduce
+    python bench/exchange.py --bytes 1300000 --workers 8 collective     # the same all-reduce among 8 processes
 
 Prints one JSON line: milliseconds per exchange (the median over `rounds`, measured by the first process). The
 socket exchange is the least any all-reduce of two workers must do: send its N bytes, receive the other's N and add
-them. The collective is TensorFlow's all-reduce of the same float32 tensor between two workers, as training uses it.
+them. The collective is TensorFlow's all-reduce of the same float32 tensor among `--workers` processes (2 unless
+told), as training uses it: on CPUs a ring, 2 (workers - 1) messages in turn. With more processes than cores they
+are pinned round-robin and share them.
 """
 
 import argparse
@@ -16,12 +19,9 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _exact(sock, view):
@@ -67,8 +67,8 @@ def socket_peer(rank, port, nbytes, rounds):
     return times[5:]
 
 
-def collective_peer(rank, port, nbytes, rounds):
-    cluster = {"worker": [f"localhost:{port}", f"localhost:{port + 1}"]}
+def collective_peer(rank, ports, nbytes, rounds):
+    cluster = {"worker": [f"localhost:{port}" for port in ports]}
     os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": rank}})
     import tensorflow as tf
 
@@ -98,30 +98,41 @@ def main():
     parser.add_argument("kind", choices=("socket", "collective"))
     parser.add_argument("--bytes", type=int, required=True)
     parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--workers", type=int, default=2, help="collective: processes in the ring (2 to 64)")
     parser.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--ports", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    workers = args.workers
+    if not 2 <= workers <= 64 or (args.kind == "socket" and workers != 2):
+        allowed = "2" if args.kind == "socket" else "2 to 64"
+        parser.exit(2, f"error: --workers {workers} is not allowed for {args.kind}; allowed: {allowed}\n")
     if args.rank is None:
         cores = sorted(os.sched_getaffinity(0))
-        port = free_port()
+        from trainer.cluster.local_processes import free_ports
+
+        ports = ",".join(map(str, free_ports(workers)))
         peers = [
             subprocess.Popen(
                 [sys.executable, __file__, args.kind, "--bytes", str(args.bytes), "--rounds", str(args.rounds)]
-                + ["--rank", str(rank), "--port", str(port)],
+                + ["--workers", str(workers), "--rank", str(rank), "--ports", ports],
                 stdout=subprocess.PIPE,
                 env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
                 preexec_fn=lambda rank=rank: os.sched_setaffinity(0, {cores[rank % len(cores)]}),
             )
-            for rank in (0, 1)
+            for rank in range(workers)
         ]
         outputs = [p.communicate(timeout=600)[0] for p in peers]
         if any(p.returncode for p in peers):
             raise SystemExit(f"{args.kind} exchange failed")
         print(outputs[0].decode().strip().splitlines()[-1])
         return
-    peer = socket_peer if args.kind == "socket" else collective_peer
-    times = peer(args.rank, args.port, args.bytes, args.rounds)
-    print(json.dumps({"kind": args.kind, "bytes": args.bytes, "ms": 1e3 * statistics.median(times)}))
+    ports = [int(port) for port in args.ports.split(",")]
+    if args.kind == "socket":
+        times = socket_peer(args.rank, ports[0], args.bytes, args.rounds)
+    else:
+        times = collective_peer(args.rank, ports, args.bytes, args.rounds)
+    result = {"kind": args.kind, "bytes": args.bytes, "workers": workers, "ms": 1e3 * statistics.median(times)}
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@
 Preparing in parallel (`bench/prepare.py`, which runs alone too) prepares Fashion-MNIST repeated to 2.4 M examples
 (600 k in the quick run) with 1 and with 2 processes. Data at scale (`bench/scale.py`, which runs alone too) trains
 on a generated 2.16 GB dataset (216 MB in the quick run) from memory, streamed from disk and from moto's S3 server.
+Workers past two (`bench/curve.py`, which runs alone too) takes the curve on this machine's cores, TensorFlow's ring
+all-reduce among 2 to 8 processes and the model that predicts the 16-core curve recorded in it.
 Writes bench/results/<mode>.json, bench/results/<mode>.png and bench/results/<mode>.md; the full run also
 regenerates docs/benchmarks.md. Every ratio in the table comes from this one run on this one machine.
 """
@@ -220,6 +222,10 @@ def main() -> None:
         "gradient_tensors": len(model.trainable_variables),
     }
     section("all-reduce")
+    from bench.curve import measure as past_two
+
+    results["curve"] = past_two(work / "curve", quick=args.quick, data=data)
+    section("workers past two")
     if not args.quick:
         results["time_to_accuracy"] = time_to_accuracy(data, work, settings.default("learning_rate"))
         section("time to accuracy")

@@ -142,3 +142,64 @@ def test_the_recorded_run_at_scale_read_half_each_stayed_in_its_memory_and_train
         assert run["same_losses"] and run["accuracy_gap"] <= 0.01, name
     alone = scale["runs"]["1 worker streamed from S3"]["workers"]["0"]
     assert alone["peak_anonymous_bytes"] < scale["simulated_memory_limit_bytes"]["1 worker"]
+
+
+@pytest.fixture(scope="module")
+def curve():
+    from bench import curve
+
+    return curve
+
+
+def test_the_ring_fit_recovers_the_costs_its_measurements_were_made_of(curve):
+    costs = {"c_ms": 0.4, "alpha_ms": 0.15, "ms_per_mb": 0.9}
+    measured = [
+        {"workers": n, "bytes": b, "ms": curve.ring_ms(costs, n, b)} for n in (2, 3, 5, 8) for b in (4096, 1_360_000)
+    ]
+    assert curve.fit_ring(measured) == pytest.approx(costs)
+    assert curve.ring_ms(costs, 8, 0) == pytest.approx(0.4 + 14 * 0.15)
+
+
+def test_the_wait_for_the_slowest_is_the_mean_of_the_largest_of_n_steps_less_the_mean(curve):
+    assert curve.wait_ms([0.02] * 50, 8) == pytest.approx(0.0, abs=1e-12)
+    assert curve.wait_ms([0.01, 0.02], 1) == pytest.approx(0.0, abs=0.1)
+    # Two steps of 10 and 20 ms: the slower of 2 is 20 ms with probability 3/4 (17.5 ms), the mean 15 ms; of 4: 15/16.
+    assert curve.wait_ms([0.01, 0.02], 2) == pytest.approx(2.5, abs=0.1)
+    assert curve.wait_ms([0.01, 0.02], 4) == pytest.approx(4.375, abs=0.1)
+
+
+def test_a_curve_made_of_a_fixed_cost_and_a_cost_per_message_is_fitted_exactly(curve):
+    one = 1000.0
+    rates = {1: one} | {n: curve.predicted_rate(one, n, 12.0 + 0.5 * 2 * (n - 1)) for n in (2, 4, 8, 16)}
+    fit = curve.fit_curve(rates)
+    assert fit["c_ms"] == pytest.approx(12.0) and fit["alpha_ms"] == pytest.approx(0.5)
+    assert fit["largest_error_ms"] == pytest.approx(0.0, abs=1e-9)
+    assert curve.overhead_ms(rates[8], one, 8) == pytest.approx(12.0 + 7.0)
+
+
+def test_the_recorded_16_core_curve_is_the_one_the_issue_reports_and_its_overheads_grow_with_the_ring(curve):
+    recorded = curve.RECORDED["examples_per_second"]
+    assert recorded == {1: 1374, 2: 1979, 4: 3639, 8: 6319, 16: 11137}
+    overheads = [curve.overhead_ms(recorded[n], recorded[1], n) for n in (2, 4, 8, 16)]
+    assert overheads == sorted(overheads) and overheads[0] > 0
+
+
+def test_the_curve_page_is_generated_from_its_recorded_run(bench):
+    recorded = json.loads((RESULTS / "curve-full.json").read_text())
+    assert (RESULTS / "curve-full.md").read_text() == "\n".join(bench.curve_lines(recorded))
+    assert {e["workers"] for e in recorded["exchange"]} == set(range(2, 9))
+
+
+def test_a_ring_of_one_process_is_refused_before_anything_starts():
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "bench/exchange.py", "collective", "--bytes", "4096", "--workers", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["error: --workers 1 is not allowed for collective; allowed: 2 to 64"]
