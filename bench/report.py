@@ -139,12 +139,22 @@ def prepare_lines(p):
     verdict = "met" if p["speedup"] >= p["goal"] else "**not met**"
     if p["mode"] == "quick":
         verdict = "judged on the full run, whose 4 times as many examples outweigh each process's start"
+    rounds = p.get("rounds")
+    each = (
+        f" Medians of {len(rounds['1'])} rounds, the two runs in turn (1 process: "
+        + ", ".join(f"{v:.1f}" for v in rounds["1"])
+        + " s; 2 processes: "
+        + ", ".join(f"{v:.1f}" for v in rounds["2"])
+        + " s)."
+        if rounds
+        else ""
+    )
     return [
         "## Preparing in parallel",
         "",
         f"{p['source'][0].upper()}{p['source'][1:]}: {p['examples']} examples, {p['shard_bytes'] / 1e9:.2f} GB of "
-        f"shards. Each run is the whole command (`python -m trainer.prepare ... --workers N`: Python, TensorFlow, "
-        f"reading the gzip IDX files, writing and checksumming the shards), pinned to the same {p['cores']} cores.",
+        f"shards. Each run is the whole command (`python -m trainer.prepare ... --workers N`: Python, reading the "
+        f"gzip IDX files, writing and checksumming the shards), pinned to the same {p['cores']} cores.{each}",
         "",
         "| run | seconds | examples/s |",
         "| --- | ---: | ---: |",
@@ -153,8 +163,13 @@ def prepare_lines(p):
         "",
         f"2 processes prepare it {p['speedup']:.2f}× faster than 1 (goal: ≥ {p['goal']:g}× on 2 cores: {verdict}); "
         f"the shards and the metadata are {'byte for byte the same' if p['identical'] else '**not the same**'}. "
-        "What bounds it: each writing process starts its own TensorFlow (~3 s of a core) before its first record, "
-        "and one process decompresses the gzip stream for both (a gzip stream cannot be split).",
+        + (
+            "What bounds it: one process decompresses the gzip stream for both writers (a gzip stream cannot be "
+            "split) and copies it into their shared memory, on the same 2 cores as the writers."
+            if rounds
+            else "What bounds it: each writing process starts its own TensorFlow (~3 s of a core) before its first "
+            "record, and one process decompresses the gzip stream for both (a gzip stream cannot be split)."
+        ),
         "",
     ]
 

@@ -65,6 +65,29 @@ def test_truncated_gzip_is_named(tmp_path):
         read_split(str(tmp_path), "train")
 
 
+@pytest.mark.parametrize(
+    ("at", "why"), [(20, "Invalid deflate block"), (-1, "CRC check failed")], ids=["deflate-block", "checksum"]
+)
+def test_a_gzip_file_corrupt_inside_is_named_and_one_intact_gives_the_same_bytes_as_the_standard_library(
+    tmp_path, at, why
+):
+    """Bytes overwritten in the first deflate block (ISA-L's own error) or in the middle (the CRC no longer matches)."""
+    import gzip
+
+    rng = np.random.default_rng(7)
+    images = rng.integers(0, 4, size=(400, 28, 28), dtype=np.uint8)
+    _write_split(tmp_path, images, np.zeros(400, dtype=np.uint8))
+    path = tmp_path / "train-images-idx3-ubyte.gz"
+    got, _ = read_split(str(tmp_path), "train")
+    assert got.tobytes() == gzip.decompress(path.read_bytes())[16:]
+    body = bytearray(path.read_bytes())
+    at = len(body) // 2 if at < 0 else at
+    body[at : at + 64] = bytes(64 * [0xFF])
+    path.write_bytes(bytes(body))
+    with pytest.raises(UsageError, match=rf"train-images-idx3-ubyte.gz' is not a complete gzip file \(.*{why}.*\)"):
+        read_split(str(tmp_path), "train")
+
+
 def test_missing_file_names_what_is_needed(tmp_path):
     write_gz(str(tmp_path / "train-images-idx3-ubyte.gz"), np.zeros((1, 2, 2), dtype=np.uint8))
     with pytest.raises(UsageError, match="has no train-labels-idx1-ubyte.gz"):

@@ -1,5 +1,7 @@
+import hashlib
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -307,17 +309,45 @@ def test_an_idx_split_is_read_in_chunks_and_checked_to_its_end(tmp_path, monkeyp
     assert len(list(idx.IdxSplit.open(str(raw), "train").chunks(limit=10))) == 5, "a limit reads only what it keeps"
 
 
-@pytest.mark.parametrize("processes", [1, 2])
-def test_example_i_lands_in_shard_i_mod_n_in_source_order_across_many_small_chunks(
-    processes, tmp_path, two_cpus, monkeypatch
+@pytest.mark.parametrize("write_bytes", [1, 100, 1 << 16])
+def test_a_shard_written_in_pieces_holds_every_record_once_in_order_with_the_digest_of_its_bytes(
+    write_bytes, tmp_path, monkeypatch
 ):
-    """Chunks of 2 images (64 bytes): each chunk's cut into shards keeps every example's index in the split."""
+    """Records joined and written `WRITE_BYTES` at a time (1: one record a write) give one join's bytes."""
+    from trainer.data import tfrecords
+    from trainer.data.framing import frame, image_example
+
+    monkeypatch.setattr(tfrecords, "WRITE_BYTES", write_bytes)
+    images = np.random.default_rng(3).integers(0, 256, size=(40, 6, 5, 1), dtype=np.uint8)
+    labels = np.arange(40) % 10
+    with tfrecords.ShardWriter(str(tmp_path), "train", [0, 1], 2) as writer:
+        writer.add(0, images[:25], labels[:25])
+        writer.add(25, images[25:], labels[25:])
+        shards = writer.finish()
+    for k in (0, 1):
+        pairs = zip(images[k::2], labels[k::2], strict=True)
+        expected = b"".join(frame(image_example(i.tobytes(), int(y))) for i, y in pairs)
+        written = (tmp_path / shards[k].file).read_bytes()
+        assert written == expected, f"shard {k}"
+        assert shards[k].sha256 == hashlib.sha256(expected).hexdigest() and shards[k].num_examples == 20
+
+
+@pytest.mark.parametrize(("processes", "piece_bytes"), [(1, 150), (2, 150), (2, 30), (2, 1 << 20)])
+def test_example_i_lands_in_shard_i_mod_n_in_source_order_across_many_small_chunks(
+    processes, piece_bytes, tmp_path, two_cpus, monkeypatch
+):
+    """Chunks of 2 images (64 bytes): each chunk's cut into shards keeps every example's index in the split.
+
+    With 2 processes the chunks are gathered into pieces of the ring: 5 images (a piece ends inside a chunk, the
+    split's last piece is short), 1 image (fewer examples than shards), or the whole split.
+    """
     import tensorflow as tf
 
-    from trainer.data import idx, tfrecords
+    from trainer.data import idx, tfrecords, writers
 
     monkeypatch.setattr(idx, "CHUNK_BYTES", 64)
     monkeypatch.setattr(tfrecords, "CHUNK_BYTES", 64)
+    monkeypatch.setattr(writers, "PIECE_BYTES", piece_bytes)
     src = _tiny_idx(tmp_path / "idx", n_train=50, n_test=10)
     expected, _ = read_split(str(src), "train")
     out = tmp_path / "out"
@@ -327,6 +357,8 @@ def test_example_i_lands_in_shard_i_mod_n_in_source_order_across_many_small_chun
         path = str(out / tfrecords.shard_name("train", k, 3))
         images = [x.numpy() for x, _ in tf.data.TFRecordDataset(path).map(tfrecords.decode_fn(meta.image_shape))]
         assert np.array_equal(np.stack(images).reshape(-1, 6, 5), expected[k::3]), f"shard {k}: its examples in order"
+        shard = meta.splits["train"].shards[k]
+        assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == shard.sha256, f"shard {k}: its digest"
 
 
 def test_a_writing_process_killed_by_a_signal_fails_the_prepare_with_128_plus_the_signal(tmp_path, two_cpus):

