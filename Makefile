@@ -45,13 +45,14 @@ run-trainer: $(STAMP)
 	$(PY) -m trainer.evaluate --model-dir $(OUT)/model --data $(OUT)/data/mnist-sample --output $(OUT)/metrics.json
 	@echo "model: $(OUT)/model  metrics: $(OUT)/metrics.json"
 
-## ruff, then the suite in two tiers: everything but the tests that time peers, restarts, start-ups or kills on two
-## pytest-xdist processes (one file each), then those (marked serial) one at a time.
+## ruff, then the suite in two tiers, each on two pytest-xdist processes (one file each): everything but the tests
+## that time peers, restarts, start-ups or kills, then those (marked serial), two files at a time beside each other
+## only (one at a time left a third of the 2 cores idle while processes started, joined and waited).
 test: $(STAMP) $(FASHION_DIR)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -n 2 --dist loadfile -m "not serial and not image and not e2e and not gpu_image" --durations=10
-	$(PY) -m pytest -m "serial and not image and not e2e and not gpu_image" --durations=15
+	$(PY) -m pytest -n 2 --dist loadfile -m "serial and not image and not e2e and not gpu_image" --durations=15
 
 ## The fast tier: everything but multi-process training (marked slow), the image and the containers (about two
 ## minutes), one file per pytest-xdist worker on 2 processes.

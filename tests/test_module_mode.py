@@ -9,6 +9,7 @@ workers (kfp.local), kills a worker mid-training and compares with the same runn
 import json
 import os
 import re
+import subprocess
 import sys
 
 import pytest
@@ -360,3 +361,36 @@ def test_the_example_module_on_two_workers_survives_a_killed_worker_and_reaches_
     assert baseline >= 0.97 and auc >= baseline - AUC_MARGIN, (auc, baseline)
     assert re.search(r"^test metrics: .*auc 0\.9\d+", output, re.M) and "serving check: passed" in output
     print(f"\nmodule mode, tabular example: test AUC {auc:.4f} on 2 workers (1 killed), {baseline:.4f} in one process")
+
+
+@pytest.mark.parametrize(("setting", "accepted"), [(None, True), ("0", False)], ids=["unset", "user-sets-0"])
+def test_a_tf_keras_model_written_as_tf_keras_is_trainable_unless_the_user_chose_keras_3(setting, accepted):
+    """`tf.keras` is tf-keras in a process of the trainer (`TF_USE_LEGACY_KERAS=1` set before TensorFlow is
+    imported), so a model written as the TensorFlow tutorials write it is accepted; a user's own
+    TF_USE_LEGACY_KERAS=0 is kept, and `tf.keras` is then Keras 3, refused."""
+    code = (
+        "import trainer, tensorflow as tf, sys\n"
+        "from trainer.core.errors import UsageError\n"
+        "from trainer.modeling.user import build_user_model\n"
+        "def model_fn(features):\n"
+        "    m = tf.keras.Sequential([tf.keras.Input(shape=features.shape), tf.keras.layers.Dense(1)])\n"
+        "    m.compile(optimizer='adam', loss='mse')\n"
+        "    return m\n"
+        "try:\n"
+        "    build_user_model(model_fn, 'tutorial:model_fn', tf.TensorSpec((3,), tf.float32))\n"
+        "except UsageError as err:\n"
+        "    sys.exit(f'refused: {err}')\n"
+        "print('accepted', tf.keras.Sequential.__module__, 'keras.src' in sys.modules)\n"
+    )
+    env = child_env()
+    env.pop("TF_USE_LEGACY_KERAS", None)
+    if setting is not None:
+        env["TF_USE_LEGACY_KERAS"] = setting
+    command = [sys.executable, "-c", code]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    if accepted:
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout.split() == ["accepted", "tf_keras.src.engine.sequential", "False"], "Keras 3 not loaded"
+    else:
+        assert result.returncode == 1
+        assert "refused: model_fn 'tutorial:model_fn' returned keras.src.models.sequential.Sequential" in result.stderr

@@ -28,6 +28,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from trainer import LEGACY_KERAS_ENV
 from trainer.cluster import topology
 from trainer.cluster.cluster_record import TaskRecord
 from trainer.cluster.lifecycle import Member, Plan, status_location
@@ -49,7 +50,6 @@ MODEL_DIR_ENV = "MODEL_DIR"
 CHECKPOINT_DIR_ENV = "CHECKPOINT_DIR"
 DEFAULT_SAVED_MODEL = f"$({MODEL_DIR_ENV})/saved_model"
 EXEC = (sys.executable, "-m", "trainer.command.exec")
-LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
 
 
 def task_environment(

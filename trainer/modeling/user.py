@@ -35,8 +35,8 @@ def build_user_model(function: Callable[[Any], Any], spec: str, features: Any) -
     if not isinstance(model, keras.Model):
         raise UsageError(
             f"model_fn {spec!r} returned {type(model).__module__}.{type(model).__name__}; allowed: a tf_keras.Model "
-            "(import tf_keras as keras, or tf.keras with TF_USE_LEGACY_KERAS=1: Keras 3 cannot train under "
-            "MultiWorkerMirroredStrategy)"
+            "(import tf_keras as keras, or tf.keras unless TF_USE_LEGACY_KERAS is 0: Keras 3 cannot train "
+            "under MultiWorkerMirroredStrategy)"
         )
     if getattr(model, "optimizer", None) is None or getattr(model, "compiled_loss", None) is None:
         raise UsageError(
