@@ -97,9 +97,26 @@ def launch(*args: str, env: dict | None = None) -> Streamed:
     return Streamed([sys.executable, "-m", "trainer.launch", *args], child_env(env))
 
 
-def worker_process(index, command):
-    """The pid of a process whose command line passes `command(argv)` and whose TF_CONFIG is worker INDEX's."""
+def descendants(root: int | None = None) -> list[int]:
+    """The pids of the processes below ROOT (this process by default): what this test started, not a test beside it."""
+    parents = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            parents[int(pid)] = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    below, frontier = [], [os.getpid() if root is None else root]
+    while frontier:
+        children = [pid for pid, parent in parents.items() if parent in frontier]
+        below += children
+        frontier = children
+    return below
+
+
+def worker_process(index, command):
+    """The pid of a process this test started whose command line passes `command(argv)` and whose TF_CONFIG is
+    worker INDEX's."""
+    for pid in descendants():
         try:
             argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
             environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
