@@ -1,6 +1,9 @@
 """Fixtures shared across test files; the helpers they and the tests use are in tests/support/."""
 
+import fcntl
+import json
 import os
+import subprocess
 
 import pytest
 
@@ -42,23 +45,39 @@ def sample_data(tmp_path_factory) -> str:
     return str(out)
 
 
+def _session_dir(tmp_path_factory, name: str):
+    """A directory of this pytest session that its pytest-xdist processes share (the parent of their own)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+    shared.mkdir(exist_ok=True)
+    return shared
+
+
 @pytest.fixture(scope="session")
 def undisturbed_tensorboard(tmp_path_factory):
     """Where `undisturbed_two_workers` writes its TensorBoard files (its run id and run directory: undisturbed)."""
-    return tmp_path_factory.mktemp("undisturbed-tensorboard")
+    return _session_dir(tmp_path_factory, "undisturbed-tensorboard")
 
 
 @pytest.fixture(scope="session")
 def undisturbed_two_workers(sample_data, undisturbed_tensorboard, tmp_path_factory):
     """Two workers through the launcher, 10 epochs, seed 42, no validation, TensorBoard files in
-    `undisturbed_tensorboard`: (model dir, scratch TMPDIR, completed process). One run that several files check."""
-    base = tmp_path_factory.mktemp("undisturbed")
-    scratch = base / "scratch"
-    scratch.mkdir()
-    model_dir = base / "model"
-    args = trainer_args(sample_data, model_dir, "--epochs", "10", "--run-id", "undisturbed")
-    args += ["--tensorboard-dir", str(undisturbed_tensorboard)]
-    result = run_module("trainer.launch", "--workers", "2", "--", *args, env={"TMPDIR": str(scratch)}, timeout=400)
+    `undisturbed_tensorboard`: (model dir, scratch TMPDIR, completed process). One run that several files check,
+    run once a session: the first pytest-xdist process to ask runs it, the other waits for its record and reads it
+    (the sample it trains on is prepared the same in each)."""
+    base = _session_dir(tmp_path_factory, "undisturbed")
+    run, record = base / "run", base / "result.json"
+    scratch, model_dir = run / "scratch", run / "model"
+    with open(base / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not record.exists():
+            scratch.mkdir(parents=True)
+            args = trainer_args(sample_data, model_dir, "--epochs", "10", "--run-id", "undisturbed")
+            args += ["--tensorboard-dir", str(undisturbed_tensorboard)]
+            env = {"TMPDIR": str(scratch)}
+            ran = run_module("trainer.launch", "--workers", "2", "--", *args, env=env, timeout=400)
+            record.write_text(json.dumps([ran.args, ran.returncode, ran.stdout, ran.stderr]))
+        result = subprocess.CompletedProcess(*json.loads(record.read_text()))
     return model_dir, scratch, result
 
 

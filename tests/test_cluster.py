@@ -160,3 +160,35 @@ def test_a_jobs_cluster_and_a_runs_cluster_come_from_one_topology():
     assert assign_addresses(addresses[:2], 0, chief=True, evaluator=True) == {"chief": ["a:1"], "evaluator": ["b:1"]}
     assert assign_addresses(addresses[:3], 2, chief=True) == {"chief": ["a:1"], "worker": ["b:1", "c:1"]}
     assert assign_addresses(addresses[:4], 2, 1) == {"chief": ["a:1"], "worker": ["b:1", "c:1"], "ps": ["d:1"]}
+
+
+def test_a_lost_peer_is_named_once_it_stops_answering_while_it_is_still_closing_its_sockets():
+    """A SIGKILLed peer resets a connection before its server stops accepting: the report waits for that."""
+    import socket
+    import threading
+
+    from trainer.cluster.peers import lost_peer_message
+
+    alive, closing = socket.create_server(("127.0.0.1", 0)), socket.create_server(("127.0.0.1", 0))
+    ports = [alive.getsockname()[1], closing.getsockname()[1]]
+    tf_config = build_tf_config(["127.0.0.1:1", *(f"127.0.0.1:{p}" for p in ports)], "worker", 0)
+    closed = threading.Event()
+
+    def close_once_probed():
+        closing.accept()[0].close()  # the first probe connects: the server is still up
+        closing.close()
+        closed.set()
+
+    threading.Thread(target=close_once_probed, daemon=True).start()
+    try:
+        message = lost_peer_message(tf_config, "Collective ops is aborted by: recvmsg:Connection reset by peer\nmore")
+        assert closed.is_set()
+        assert message == (
+            f"lost contact with a peer during training (worker 2 at 127.0.0.1:{ports[1]} (Connection refused)): "
+            "Collective ops is aborted by: recvmsg:Connection reset by peer"
+        )
+        answering = build_tf_config(["127.0.0.1:1", f"127.0.0.1:{ports[0]}"], "worker", 0)
+        waited = lost_peer_message(answering, "reset", "a parameter server", settle=0.3)
+        assert waited == "lost contact with a parameter server during training (no peer is unreachable now): reset"
+    finally:
+        alive.close()

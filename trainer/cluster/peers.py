@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,8 +34,24 @@ def unreachable(tasks: Sequence[Task]) -> list[str]:
     return found
 
 
-def lost_peer_message(tf_config: Mapping[str, Any] | None, detail: str, what: str = "a peer") -> str:
-    """One line naming the peers that no longer answer (probed now), with the first line of TensorFlow's error."""
-    gone = unreachable(peers(tf_config)) if tf_config else []
+# How long a lost contact's report waits for the peer that broke it to stop answering: a process killed with
+# SIGKILL (a lost pod's) closes its sockets one after another, and may be descheduled between them, so its first
+# reset connection can arrive while its server still accepts.
+SETTLE_SECONDS = 3.0
+
+
+def lost_peer_message(
+    tf_config: Mapping[str, Any] | None, detail: str, what: str = "a peer", settle: float = SETTLE_SECONDS
+) -> str:
+    """One line naming the peers that no longer answer, with the first line of TensorFlow's error.
+
+    The peers are probed now and, while every one still answers, again every 0.1 s for up to `settle` seconds.
+    """
+    tasks = peers(tf_config) if tf_config else []
+    gone = unreachable(tasks)
+    deadline = time.monotonic() + settle
+    while tasks and not gone and time.monotonic() < deadline:
+        time.sleep(0.1)
+        gone = unreachable(tasks)
     who = "; ".join(gone) if gone else "no peer is unreachable now"
     return f"lost contact with {what} during training ({who}): {detail.strip().splitlines()[0][:300]}"
