@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from tests.support.processes import children
 from trainer.cluster.chief import ChiefWatch, StatusPublisher, wait_for_chief
 from trainer.cluster.policy import CONTRACT, RestartPolicy
 from trainer.cluster.status import FileStatus
@@ -80,13 +81,11 @@ def test_a_server_task_ends_when_the_chief_is_done_and_its_command_is_stopped(tm
     path = tmp_path / "status.json"
     _status(path, "succeeded")
     started = []
-    before = {int(p) for p in os.listdir("/proc") if p.isdigit() and _child_of_us(p)}
+    before = set(children())
 
     class Watch(ChiefWatch):
         def over(self):
-            started.extend(
-                int(p) for p in os.listdir("/proc") if p.isdigit() and _child_of_us(p) and int(p) not in before
-            )
+            started.extend(pid for pid in children() if pid not in before)
             return super().over()
 
     watch = Watch(FileStatus(str(path)), 5, 60, "ps 0")
@@ -104,14 +103,6 @@ def test_a_server_task_ends_with_the_chiefs_failure_and_is_not_restarted(tmp_pat
     supervisor = Supervisor(SupervisedTask(SLEEPER, dict(os.environ), None, 60, every_failure, serves_until=watch))
     assert supervisor.run() == 1 and supervisor.restarts == 0
     assert "error: worker 0: the chief failed: " in capfd.readouterr().err
-
-
-def _child_of_us(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid()
-    except (OSError, ValueError, IndexError):
-        return False
 
 
 def test_a_tfjobs_chief_status_is_the_runs_configmap_in_kubernetes_mode_as_for_this_projects_own_chief():

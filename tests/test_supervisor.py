@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.support.paths import ROOT
-from tests.support.processes import run_module, trainer_args
+from tests.support.processes import children, run_module, trainer_args
 from trainer.cluster.local_processes import free_ports
 from trainer.cluster.topology import build_tf_config
 
@@ -21,19 +21,6 @@ def _env(**extra):
     env.pop("TF_CONFIG", None)
     env.update(extra)
     return env
-
-
-def _children(pid):
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        found.append(int(entry))
-            except (OSError, IndexError):
-                pass
-    return found
 
 
 def _alive(pid):
@@ -77,8 +64,8 @@ def test_a_signal_during_the_start_up_join_ends_the_task_within_5_seconds(sample
     proc, ports = _stuck_worker(sample_data, tmp_path, "--startup-timeout", "300")
     try:
         _wait_until_listening(ports[0])  # its TF server is up: it is in the strategy's constructor, joining
-        children = _children(proc.pid)
-        assert children, "the training process started"
+        started = children(proc.pid)
+        assert started, "the training process started"
         sent = time.monotonic()
         proc.send_signal(sig)
         code = proc.wait(timeout=30)
@@ -87,7 +74,7 @@ def test_a_signal_during_the_start_up_join_ends_the_task_within_5_seconds(sample
         proc.kill()
     assert code == 128 + sig, proc.stderr.read()[-2000:]
     assert elapsed < 5, f"took {elapsed:.1f}s"
-    assert not [pid for pid in children if _alive(pid)], "no process of the task is left"
+    assert not [pid for pid in started if _alive(pid)], "no process of the task is left"
     assert not (tmp_path / "model").exists()
 
 

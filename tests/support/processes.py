@@ -97,19 +97,31 @@ def launch(*args: str, env: dict | None = None) -> Streamed:
     return Streamed([sys.executable, "-m", "trainer.launch", *args], child_env(env))
 
 
-def descendants(root: int | None = None) -> list[int]:
-    """The pids of the processes below ROOT (this process by default): what this test started, not a test beside it."""
+def _parents() -> dict[int, int]:
+    """Each running process's parent pid, from /proc."""
     parents = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             parents[int(pid)] = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue
-    below, frontier = [], [os.getpid() if root is None else root]
+    return parents
+
+
+def children(root: int | None = None) -> list[int]:
+    """The pids of the processes whose parent is ROOT (this process by default)."""
+    root = os.getpid() if root is None else root
+    return [pid for pid, parent in _parents().items() if parent == root]
+
+
+def descendants(root: int | None = None) -> list[int]:
+    """The pids of the processes below ROOT (this process by default): what this test started, not a test beside it."""
+    parents = _parents()
+    below, frontier = [], {os.getpid() if root is None else root}
     while frontier:
-        children = [pid for pid, parent in parents.items() if parent in frontier]
-        below += children
-        frontier = children
+        found = [pid for pid, parent in parents.items() if parent in frontier]
+        below += found
+        frontier = set(found)
     return below
 
 
