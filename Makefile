@@ -45,14 +45,15 @@ run-trainer: $(STAMP)
 	$(PY) -m trainer.evaluate --model-dir $(OUT)/model --data $(OUT)/data/mnist-sample --output $(OUT)/metrics.json
 	@echo "model: $(OUT)/model  metrics: $(OUT)/metrics.json"
 
-## ruff, then the suite in two tiers, each on two pytest-xdist processes (one file each): everything but the tests
-## that time peers, restarts, start-ups or kills, then those (marked serial), two files at a time beside each other
-## only (one at a time left a third of the 2 cores idle while processes started, joined and waited).
+## ruff, then the suite in one run on two pytest-xdist processes, one file at a time each, the longest files first
+## (tests/support/schedule.py; refresh the record with ARGS=--record-durations=tests/durations.json). Two tiers, the
+## tests that time peers, restarts, start-ups or kills after the rest, took 10% longer: each tier ended on one
+## process while the other was idle.
 test: $(STAMP) $(FASHION_DIR)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -n 2 --dist loadfile -m "not serial and not image and not e2e and not gpu_image" --durations=10
-	$(PY) -m pytest -n 2 --dist loadfile -m "serial and not image and not e2e and not gpu_image" --durations=15
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not image and not e2e and not gpu_image" \
+		--durations=15 $(ARGS)
 
 ## The fast tier: everything but multi-process training (marked slow), the image and the containers (about two
 ## minutes), one file per pytest-xdist worker on 2 processes.

@@ -4,11 +4,26 @@ import fcntl
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
+from tests.support import schedule
 from tests.support.pipelines import IMAGE
-from tests.support.processes import run_module, trainer_args
+from tests.support.processes import UNDISTURBED_EPOCHS, run_module, trainer_args
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--record-durations",
+        metavar="PATH",
+        help=f"write each test file's seconds to PATH ({schedule.DURATIONS.relative_to(schedule.ROOT)} orders the run)",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest files first (tests.support.schedule), where pytest-xdist takes them in this order."""
+    schedule.longest_first(items, schedule.read())
 
 
 def pytest_configure(config):
@@ -16,8 +31,12 @@ def pytest_configure(config):
 
     Otherwise every gs:// client without credentials (gcsfs's, TensorFlow's) first probes the metadata server, with
     a backoff of about 15 s where nothing answers; the tests' GCS stand-ins and refusals then come that much later.
+    With --record-durations, the controlling process records each file's seconds (tests.support.schedule).
     """
     os.environ.setdefault("NO_GCE_CHECK", "true")
+    path = config.getoption("--record-durations")
+    if path and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(schedule.Recorder(Path(path)), "record-durations")
 
 
 @pytest.fixture(scope="session")
@@ -61,7 +80,7 @@ def undisturbed_tensorboard(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def undisturbed_two_workers(sample_data, undisturbed_tensorboard, tmp_path_factory):
-    """Two workers through the launcher, 10 epochs, seed 42, no validation, TensorBoard files in
+    """Two workers through the launcher, UNDISTURBED_EPOCHS, seed 42, no validation, TensorBoard files in
     `undisturbed_tensorboard`: (model dir, scratch TMPDIR, completed process). One run that several files check,
     run once a session: the first pytest-xdist process to ask runs it, the other waits for its record and reads it
     (the sample it trains on is prepared the same in each)."""
@@ -72,7 +91,7 @@ def undisturbed_two_workers(sample_data, undisturbed_tensorboard, tmp_path_facto
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not record.exists():
             scratch.mkdir(parents=True)
-            args = trainer_args(sample_data, model_dir, "--epochs", "10", "--run-id", "undisturbed")
+            args = trainer_args(sample_data, model_dir, "--epochs", str(UNDISTURBED_EPOCHS), "--run-id", "undisturbed")
             args += ["--tensorboard-dir", str(undisturbed_tensorboard)]
             env = {"TMPDIR": str(scratch)}
             ran = run_module("trainer.launch", "--workers", "2", "--", *args, env=env, timeout=400)

@@ -46,7 +46,6 @@ def killed_run(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_a_killed_worker_restarts_in_place_with_its_peer_and_the_run_finishes(killed_run):
     code, lines, _, pid = killed_run
     output = "\n".join(lines)
@@ -58,7 +57,6 @@ def test_a_killed_worker_restarts_in_place_with_its_peer_and_the_run_finishes(ki
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_the_converted_job_publishes_the_chiefs_model_with_its_lineage(killed_run):
     code, lines, published, _ = killed_run
     assert code == 0
@@ -91,7 +89,6 @@ run_step(
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_sigterm_stops_a_command_promptly_with_143_and_leaves_no_process(tmp_path):
     """What KFP does to a cancelled run's pods: SIGTERM to the step, which stops the user's command and exits 143."""
     task = Streamed(

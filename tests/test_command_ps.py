@@ -57,7 +57,6 @@ def _tasks(job):
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_the_parameter_servers_and_workers_end_when_the_chief_has_trained_and_saved(tmp_path):
     job = _job(tmp_path)
     codes = _finish(job)
@@ -74,7 +73,6 @@ def test_the_parameter_servers_and_workers_end_when_the_chief_has_trained_and_sa
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_a_failed_chief_ends_the_parameter_servers_and_workers_with_its_failure(tmp_path):
     job = _job(tmp_path, chief_env={"FAIL_AT_START": "1"})
     codes = _finish(job)
@@ -86,7 +84,6 @@ def test_a_failed_chief_ends_the_parameter_servers_and_workers_with_its_failure(
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_a_lost_chief_retried_like_kfp_retries_it_takes_over_while_the_servers_keep_serving(tmp_path):
     job = _job(tmp_path, chief_env={"EPOCHS": "30"})
     first, _ = job["chief"]

@@ -144,7 +144,6 @@ def _cpu_set(text):
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_the_default_local_launch_does_not_oversubscribe(undisturbed_two_workers):
     """`trainer-launch --workers 2` on 2 or more cores: each worker on CPUs of its own, its TensorFlow sized to them."""
     _, _, result = undisturbed_two_workers

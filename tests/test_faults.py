@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.support.paths import ROOT
-from tests.support.processes import Streamed, child_env, launch, trainer_args
+from tests.support.processes import UNDISTURBED_EPOCHS, Streamed, child_env, launch, trainer_args
 from trainer.cluster.local_processes import free_ports
 from trainer.cluster.topology import build_tf_config
 from trainer.core.runs import run_key
@@ -21,7 +21,6 @@ from trainer.records.history import History
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_peer_that_dies_and_is_not_restarted_fails_the_survivor_naming_it(sample_data, tmp_path):
     ports = free_ports(2)
     addresses = [f"localhost:{p}" for p in ports]
@@ -49,7 +48,6 @@ def test_peer_that_dies_and_is_not_restarted_fails_the_survivor_naming_it(sample
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_unresolvable_peer_fails_within_the_timeout_naming_it(sample_data, tmp_path):
     port = free_ports(1)[0]
     tf_config = build_tf_config([f"localhost:{port}", "tfw-missing.nowhere.invalid:2222"], "worker", 0)
@@ -72,30 +70,34 @@ def _epochs_run(lines, label):
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_a_run_survives_a_killed_training_process_a_lost_worker_and_a_lost_chief_and_trains_as_if_undisturbed(
     sample_data, undisturbed_two_workers, tmp_path
 ):
     """One run, three faults, each after a finished epoch: worker 1's training process killed (both restart in place);
     worker 1's whole process killed (replaced, as a lost pod is); the chief's whole process killed with its
     checkpoints deleted (its replacement gets worker 1's copy). Every worker resumes after the last finished epoch
-    and the model matches the undisturbed run's (`undisturbed_two_workers`: the same 10 epochs, no fault)."""
+    and the model matches the undisturbed run's (`undisturbed_two_workers`: the same epochs, no fault)."""
     model, checkpoints = tmp_path / "model", tmp_path / "checkpoints"
-    args = trainer_args(sample_data, model, "--epochs", "10", "--checkpoint-dir", str(checkpoints), "--run-id", "f-1")
+    args = trainer_args(
+        sample_data, model, "--epochs", str(UNDISTURBED_EPOCHS), "--checkpoint-dir", str(checkpoints), "--run-id", "f-1"
+    )
+    killed, lost_worker, lost_chief = 2, 3, 4  # the epochs after which each fault comes
     launcher = launch("--workers", "2", "--max-restarts", "3", "--", *args)
     try:
         pids = {i: int(launcher.wait_for(rf"started worker {i} \(pid (\d+)\)", 60).group(1)) for i in (0, 1)}
         child = int(launcher.wait_for(r"^\[worker 1\] .*cluster formed: .*\(pid (\d+)\)", 120).group(1))
-        launcher.wait_for(r"^\[worker 1\] .*epoch 2: ", 180)
+        launcher.wait_for(rf"^\[worker 1\] .*epoch {killed}: ", 180)
         os.kill(child, signal.SIGKILL)  # the training process only: its supervisor restarts it in place
         for worker in (0, 1):
-            launcher.wait_for(rf"^\[worker {worker}\] .*resuming from the checkpoint: epochs 1-2 are done", 180)
-        launcher.wait_for(r"^\[worker 1\] .*epoch 5: ", 180)
+            launcher.wait_for(rf"^\[worker {worker}\] .*resuming from the checkpoint: epochs 1-{killed} are done", 180)
+        launcher.wait_for(rf"^\[worker 1\] .*epoch {lost_worker}: ", 180)
         os.kill(pids[1], signal.SIGKILL)  # its supervisor: the training process dies with it, like a lost pod
         launcher.wait_for(r"worker 1 was killed by signal 9 .*starting a replacement \(1 of 3\)", 60)
         for worker in (0, 1):
-            launcher.wait_for(rf"^\[worker {worker}\] .*resuming from the checkpoint: epochs 1-5 are done", 180)
-        launcher.wait_for(r"^\[worker 0\] .*epoch 8: ", 180)
+            launcher.wait_for(
+                rf"^\[worker {worker}\] .*resuming from the checkpoint: epochs 1-{lost_worker} are done", 180
+            )
+        launcher.wait_for(rf"^\[worker 0\] .*epoch {lost_chief}: ", 180)
         os.kill(pids[0], signal.SIGKILL)
         shutil.rmtree(checkpoints / run_key("f-1") / "worker-0")  # the replaced pod's disk is empty
         code = launcher.finish(400)
@@ -105,15 +107,24 @@ def test_a_run_survives_a_killed_training_process_a_lost_worker_and_a_lost_chief
     assert code == 0, text[-4000:]
     assert "worker 1: restart 1 of 3 in place (exit code 137)" in text, "the killed training process restarts"
     assert "worker 0: restart 1 of 3 in place (exit code 138)" in text, "and the survivor with it"
-    assert re.search(r"worker 0: fetching the checkpoint of epoch 8 from the supervisor at localhost:\d+", text)
-    assert re.search(r"worker 0: generation \d resumes after epoch 8 \(checkpoint: handed over by localhost:", text)
-    assert re.search(r"worker 1: generation \d resumes after epoch 8 \(checkpoint: its own\)", text)
+    assert re.search(
+        rf"worker 0: fetching the checkpoint of epoch {lost_chief} from the supervisor at localhost:\d+", text
+    )
+    assert re.search(
+        rf"worker 0: generation \d resumes after epoch {lost_chief} \(checkpoint: handed over by localhost:", text
+    )
+    assert re.search(rf"worker 1: generation \d resumes after epoch {lost_chief} \(checkpoint: its own\)", text)
     assert not re.search(r"start again at epoch 1", text), "nobody starts from scratch"
     for label in ("worker 0", "worker 1"):
         epochs = _epochs_run(launcher.lines, label)
-        assert sorted(set(epochs)) == list(range(1, 11)) and len(epochs) == 10, (label, epochs)
+        assert sorted(set(epochs)) == list(range(1, UNDISTURBED_EPOCHS + 1)) and len(epochs) == UNDISTURBED_EPOCHS, (
+            label,
+            epochs,
+        )
     history = History.read(str(model))
-    assert [e["epoch"] for e in history.epochs] == list(range(1, 11)), "the history carries the resumed epochs"
+    assert [e["epoch"] for e in history.epochs] == list(range(1, UNDISTURBED_EPOCHS + 1)), (
+        "the history carries the resumed epochs"
+    )
     resumed = evaluate(str(model), sample_data).accuracy
     undisturbed = evaluate(str(undisturbed_two_workers[0]), sample_data).accuracy
     assert resumed >= 0.95 and abs(resumed - undisturbed) <= 0.005, (resumed, undisturbed)

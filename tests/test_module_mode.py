@@ -335,7 +335,6 @@ def baseline(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_the_example_module_on_two_workers_survives_a_killed_worker_and_reaches_its_baseline(baseline, tmp_path):
     from trainer.publishing.publish import latest
 

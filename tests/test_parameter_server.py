@@ -14,7 +14,6 @@ from trainer.training import parameter_server as ps
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_a_lost_parameter_server_fails_the_job_fast_naming_it(sample_data, tmp_path):
     status = str(tmp_path / "status.json")
     procs, codes, elapsed = kill_one(sample_data, tmp_path, status, {}, victim=("ps", 0))

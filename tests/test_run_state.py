@@ -131,7 +131,6 @@ def _epochs_logged(stderr: str) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_runs_on_one_checkpoint_dir_keep_to_their_own_a_new_one_starts_at_epoch_1_and_a_killed_one_resumes(
     sample_data, tmp_path
 ):

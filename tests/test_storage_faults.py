@@ -176,7 +176,6 @@ def test_an_immutable_directory_is_denied_even_to_root(small_disk, tmp_path):
 
 
 @pytest.mark.slow  # TensorFlow
-@pytest.mark.serial
 def test_a_full_disk_under_a_checkpoint_or_a_saved_model_is_no_space_and_leaves_no_file(small_disk):
     import tensorflow as tf
 
@@ -239,7 +238,6 @@ def publisher(s3, monkeypatch):
 
 
 @pytest.mark.slow  # a server process
-@pytest.mark.serial
 def test_s3_throttled_twice_then_answered_succeeds_with_each_retry_logged(publisher, caplog):
     prefix = f"t-{uuid.uuid4().hex[:6]}"
     proxy = SlowDown(publisher.url, lambda path, n: path.endswith("/latest.json") and n <= 2)
@@ -260,7 +258,6 @@ def test_s3_throttled_twice_then_answered_succeeds_with_each_retry_logged(publis
 
 
 @pytest.mark.slow  # a server process
-@pytest.mark.serial
 def test_s3_always_throttled_ends_142_after_5_attempts_with_one_line_and_nothing_left(
     publisher, tmp_path, monkeypatch, capsys
 ):
@@ -292,7 +289,6 @@ def test_s3_always_throttled_ends_142_after_5_attempts_with_one_line_and_nothing
 
 
 @pytest.mark.slow  # a server process
-@pytest.mark.serial
 def test_s3_refused_credentials_end_4_with_the_line_naming_bucket_key_permission_and_credentials(s3, monkeypatch):
     for name, value in s3.reader.env().items():
         monkeypatch.setenv(name, value)
@@ -575,7 +571,6 @@ except Exception as err:
 
 
 @pytest.mark.slow  # TensorFlow in a process of its own: its gs:// client reads its retry settings once
-@pytest.mark.serial
 def test_a_gs_checkpoint_write_that_tensorflows_own_retries_give_up_on_ends_142(tmp_path):
     """TensorFlow retries a 503 itself and then raises AbortedError "All N retry attempts failed": that is the
     store's fault (142, retried), not a bug (1) nor, under MultiWorkerMirroredStrategy, a lost peer (138)."""
@@ -603,7 +598,6 @@ def test_a_gs_checkpoint_write_that_tensorflows_own_retries_give_up_on_ends_142(
 
 
 @pytest.mark.slow  # TensorFlow
-@pytest.mark.serial
 def test_tensorflow_resource_exhausted_is_no_space_only_by_its_message_and_unavailable_a_stores_only_when_writing():
     import tensorflow as tf
 

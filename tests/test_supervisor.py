@@ -58,7 +58,6 @@ def _stuck_worker(sample_data, tmp_path, *extra):
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_during_the_start_up_join_ends_the_task_within_5_seconds(sample_data, tmp_path, sig):
     proc, ports = _stuck_worker(sample_data, tmp_path, "--startup-timeout", "300")
@@ -79,7 +78,6 @@ def test_a_signal_during_the_start_up_join_ends_the_task_within_5_seconds(sample
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_the_watchdog_names_the_peer_that_never_came_and_exits_140(sample_data, tmp_path):
     started = time.monotonic()
     proc, ports = _stuck_worker(sample_data, tmp_path, "--startup-timeout", "8")
@@ -95,7 +93,6 @@ def test_the_watchdog_names_the_peer_that_never_came_and_exits_140(sample_data, 
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_bad_input_is_never_restarted(tmp_path):
     """A dataset that does not exist is exit 2, once, even with restarts allowed."""
     args = trainer_args(tmp_path / "nowhere", tmp_path / "model")
@@ -108,7 +105,6 @@ def test_bad_input_is_never_restarted(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_two_workers_train_on_ipv6_loopback_with_their_control_channel_there(sample_data, tmp_path):
     """TF_CONFIG, TensorFlow's gRPC and the supervisors' channel all on `[::1]:port` (the channel restarts need)."""
     from trainer.cluster.control import ADDRESSES_ENV, SECRET_ENV, new_secret

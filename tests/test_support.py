@@ -38,3 +38,46 @@ def test_a_worker_is_found_among_this_tests_processes_and_not_among_anothers():
         ours.kill()
         ours.wait()
         os.kill(other, signal.SIGKILL)
+
+
+def test_files_are_handed_out_longest_first_and_a_files_tests_stay_together():
+    from types import SimpleNamespace
+
+    from tests.support.schedule import longest_first
+
+    ids = ["tests/test_a.py::t1", "tests/test_b.py::t1", "tests/test_b.py::t2", "tests/test_c.py::t1"]
+    ids += ["tests/test_d.py::t1", "tests/test_c.py::t2[x]"]
+    items = [SimpleNamespace(nodeid=i) for i in ids]
+    longest_first(items, {"tests/test_c.py": 90.0, "tests/test_b.py": 12.5, "tests/test_gone.py": 300.0})
+    assert [i.nodeid for i in items] == [
+        "tests/test_c.py::t1",
+        "tests/test_c.py::t2[x]",
+        "tests/test_b.py::t1",
+        "tests/test_b.py::t2",
+        "tests/test_a.py::t1",
+        "tests/test_d.py::t1",
+    ], "recorded files by their seconds, then the others in collection order"
+
+
+def test_the_recorder_adds_each_files_phases_and_writes_the_longest_first(tmp_path):
+    from types import SimpleNamespace
+
+    from tests.support.schedule import Recorder, read
+
+    recorder = Recorder(tmp_path / "durations.json")
+    for nodeid, seconds in [("tests/test_a.py::t1", 1.2), ("tests/test_b.py::t1", 4.0), ("tests/test_a.py::t2", 3.0)]:
+        for phase in (seconds, 0.1):  # a call and its teardown
+            recorder.pytest_runtest_logreport(SimpleNamespace(nodeid=nodeid, duration=phase))
+    recorder.pytest_sessionfinish()
+    assert list(read(tmp_path / "durations.json").items()) == [("tests/test_a.py", 4.4), ("tests/test_b.py", 4.1)]
+
+
+def test_this_session_collected_the_recorded_files_longest_first(request):
+    from tests.support.paths import ROOT
+    from tests.support.schedule import file_of, read
+
+    recorded = read()
+    assert recorded and all((ROOT / f).is_file() for f in recorded), "tests/durations.json names files that exist"
+    files = list(dict.fromkeys(file_of(item.nodeid) for item in request.session.items))
+    seconds = [recorded.get(f, 0.0) for f in files]
+    assert seconds == sorted(seconds, reverse=True), files

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import run_module
+from tests.support.processes import UNDISTURBED_EPOCHS, run_module
 from tests.support.tensorboard import TRAIN_TAGS, read_scalars
 
 
@@ -16,7 +16,6 @@ def _train(data, out, *extra):
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_one_point_per_epoch_for_each_scalar_equal_to_the_history(sample_data, tmp_path):
     result = _train(sample_data, tmp_path, "--epochs", "3", "--validate")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -41,11 +40,10 @@ def test_one_point_per_epoch_for_each_scalar_equal_to_the_history(sample_data, t
 
 
 @pytest.mark.slow  # the shared 2-worker run
-@pytest.mark.serial
 def test_two_workers_only_the_chief_writes_and_without_validation_there_is_no_validation_run(
     undisturbed_two_workers, undisturbed_tensorboard
 ):
-    """The 2-worker launch of `undisturbed_two_workers` (10 epochs, no --validate), which several files check."""
+    """The 2-worker launch of `undisturbed_two_workers` (no --validate), which several files check."""
     result = undisturbed_two_workers[2]
     assert result.returncode == 0, result.stderr[-3000:]
     tensorboard = Path(undisturbed_tensorboard)
@@ -54,4 +52,4 @@ def test_two_workers_only_the_chief_writes_and_without_validation_there_is_no_va
     assert sorted(p.name for p in (tensorboard / "undisturbed").iterdir()) == ["train"], "no validation run"
     scalars = read_scalars(tensorboard / "undisturbed" / "train")
     assert set(scalars) == TRAIN_TAGS
-    assert all([step for step, _ in points] == list(range(1, 11)) for points in scalars.values())
+    assert all([step for step, _ in points] == list(range(1, UNDISTURBED_EPOCHS + 1)) for points in scalars.values())

@@ -111,7 +111,6 @@ def test_a_bad_setting_is_refused_before_anything_starts(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_a_parameter_server_job_runs_its_three_tasks_at_once_and_publishes(tmp_path):
     manifest = tmp_path / "ps.yaml"
     manifest.write_text(yaml.safe_dump(_ps_manifest()))
@@ -134,7 +133,6 @@ def test_a_parameter_server_job_runs_its_three_tasks_at_once_and_publishes(tmp_p
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_a_failed_chief_fails_the_run_naming_it_and_stops_the_others(tmp_path):
     job = read_manifest(_ps_manifest(chief_env={"FAIL_AT_START": "1"}, python=sys.executable))
     with pytest.raises(TaskFailedError) as failed:
@@ -145,7 +143,6 @@ def test_a_failed_chief_fails_the_run_naming_it_and_stops_the_others(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_sigterm_stops_every_task_with_143_and_leaves_no_process(tmp_path):
     manifest = tmp_path / "ps.yaml"
     manifest.write_text(yaml.safe_dump(_ps_manifest(chief_env={"EPOCHS": "1000"})))
@@ -167,7 +164,6 @@ def test_sigterm_stops_every_task_with_143_and_leaves_no_process(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_a_one_task_job_of_a_plain_script_runs_past_the_start_up_timeout(tmp_path, capsys):
     """The operator gave a one-task job no TF_CONFIG (isDistributed); nothing waits for a cluster to form."""
     script = ROOT / "tests" / "user_code" / "single_task.py"
@@ -180,7 +176,6 @@ def test_a_one_task_job_of_a_plain_script_runs_past_the_start_up_timeout(tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_a_chief_a_worker_and_an_evaluator_with_an_env_chain_finish_and_the_evaluator_ends_with_the_chief(
     tmp_path, capsys
 ):
