@@ -45,7 +45,7 @@ run-trainer: $(STAMP)
 	$(PY) -m trainer.evaluate --model-dir $(OUT)/model --data $(OUT)/data/mnist-sample --output $(OUT)/metrics.json
 	@echo "model: $(OUT)/model  metrics: $(OUT)/metrics.json"
 
-## ruff, then the suite in one run on two pytest-xdist processes, one file at a time each, the longest files first
+## ruff, then the suite in one run on two pytest-xdist processes, by files, the longest files first
 ## (tests/support/schedule.py; refresh the record with ARGS=--record-durations=tests/durations.json). Two tiers, the
 ## tests that time peers, restarts, start-ups or kills after the rest, took 10% longer: each tier ended on one
 ## process while the other was idle.
@@ -58,7 +58,7 @@ test: $(STAMP) $(FASHION_DIR)
 ## The fast tier: everything but multi-process training (marked slow), the image and the containers (about two
 ## minutes), one file per pytest-xdist worker on 2 processes.
 test-fast: $(STAMP)
-	$(PY) -m pytest -n 2 --dist loadfile -m "not slow and not image and not e2e and not gpu_image"
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not slow and not image and not e2e and not gpu_image"
 
 ## The pipeline YAML for a cluster: make compile IMAGE=registry.example.com/team/kfp-tf-multiworker:0.1.0
 compile: $(STAMP)

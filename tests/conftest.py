@@ -2,6 +2,7 @@
 
 import fcntl
 import json
+import logging
 import os
 import subprocess
 from pathlib import Path
@@ -104,6 +105,21 @@ def undisturbed_two_workers(sample_data, undisturbed_tensorboard, tmp_path_facto
 def _no_tf_config_leaks(monkeypatch):
     """Entry points called in-process set TF_CONFIG, as an entry point should; no test may see another's."""
     monkeypatch.delenv("TF_CONFIG", raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _no_logging_leaks():
+    """An entry point called in-process sets the root logger to INFO (`setup_logging`), as it should in its own
+    process; no test may see that: one that reads an INFO record sets its level on the logger that writes it."""
+    root = logging.getLogger()
+    before = list(root.handlers)
+    levels = {name: logging.getLogger(name or None).level for name in ("", "tensorflow", "trainer")}
+    yield
+    for name, was in levels.items():
+        logging.getLogger(name or None).setLevel(was)
+    for handler in list(root.handlers):
+        if handler not in before and type(handler).__module__ != "_pytest.logging":
+            root.removeHandler(handler)
 
 
 @pytest.fixture

@@ -548,7 +548,7 @@ def test_s3_a_server_rejecting_if_none_match_is_used_without_conditions(s3, mode
         view = S3View(s3, proxy.url)
         caplog.clear()
         try:
-            with caplog.at_level(logging.INFO, logger="trainer.storage"):
+            with caplog.at_level(logging.INFO, logger="trainer.publishing.conditional"):
                 result = _publish(view, models["model-0"], 0.90, nonce=_parts(11))
         finally:
             proxy.stop()

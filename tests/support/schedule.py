@@ -1,6 +1,7 @@
 """The order in which `make test` hands test files to its pytest-xdist processes: the longest first.
 
-`make test` runs the whole suite in one pytest run on 2 processes, one file at a time each (`--dist loadfile`). A
+`make test` runs the whole suite in one pytest run on 2 processes, by files (`--dist loadfile`): pytest-xdist gives
+each process two files to start with and the next one in order whenever a process is nearly through its own. A
 file's tests stay on one process (they share its module fixtures), so the run ends when the process that got the
 last long file finishes it. pytest-xdist orders files by their number of tests unless told not to
 (`--no-loadscope-reorder`); the files that take longest here have few tests (a run that kills and replaces workers
@@ -39,7 +40,8 @@ def longest_first(items: list, durations: dict[str, float]) -> None:
 
 class Recorder:
     """A pytest plugin that adds up each file's setup, call and teardown seconds as the reports arrive (under
-    pytest-xdist, in the controlling process) and writes them to PATH when the session ends."""
+    pytest-xdist, in the controlling process) and writes them into PATH when the session ends: the files this run
+    recorded replace theirs, the others keep what they had (a run of some files leaves the rest of the record)."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -49,5 +51,6 @@ class Recorder:
         self.seconds[file_of(report.nodeid)] += report.duration
 
     def pytest_sessionfinish(self) -> None:
-        ordered = dict(sorted(((f, round(s, 1)) for f, s in self.seconds.items()), key=lambda kv: (-kv[1], kv[0])))
+        merged = read(self.path) | {f: round(s, 1) for f, s in self.seconds.items()}
+        ordered = dict(sorted(merged.items(), key=lambda kv: (-kv[1], kv[0])))
         self.path.write_text(json.dumps(ordered, indent=1) + "\n")
