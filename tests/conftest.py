@@ -110,15 +110,24 @@ def _no_tf_config_leaks(monkeypatch):
 @pytest.fixture(autouse=True)
 def _no_logging_leaks():
     """An entry point called in-process sets the root logger to INFO (`setup_logging`), as it should in its own
-    process; no test may see that: one that reads an INFO record sets its level on the logger that writes it."""
-    root = logging.getLogger()
-    before = list(root.handlers)
-    levels = {name: logging.getLogger(name or None).level for name in ("", "tensorflow", "trainer")}
+    process; no test may see that, whatever ran before it (a test or a session fixture): each starts and ends with
+    the logging the session started with. A test that reads an INFO record sets its level on the logger writing it."""
+    _reset_logging()
     yield
-    for name, was in levels.items():
-        logging.getLogger(name or None).setLevel(was)
+    _reset_logging()
+
+
+_LOGGERS = ("", "tensorflow", "trainer")
+_STARTED_WITH = {name: logging.getLogger(name or None).level for name in _LOGGERS}
+_HANDLERS_STARTED_WITH = list(logging.getLogger().handlers)
+
+
+def _reset_logging() -> None:
+    for name, level in _STARTED_WITH.items():
+        logging.getLogger(name or None).setLevel(level)
+    root = logging.getLogger()
     for handler in list(root.handlers):
-        if handler not in before and type(handler).__module__ != "_pytest.logging":
+        if handler not in _HANDLERS_STARTED_WITH and type(handler).__module__ != "_pytest.logging":
             root.removeHandler(handler)
 
 
