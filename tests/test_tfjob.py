@@ -346,11 +346,13 @@ def test_every_hand_off_of_a_compiled_job_has_the_type_its_component_declares(ma
 
 
 def _exits_with_one(tmp_path):
-    """A command that writes its pid, waits for `go`, and exits 1 (as a script whose collective failed does)."""
+    """A command that writes its pid (whole: renamed into place), waits for `go`, and exits 1 (as a script whose
+    collective failed does)."""
     code = (
         "import os, pathlib, sys, time\n"
         f"d = pathlib.Path({str(tmp_path)!r})\n"
-        "(d / 'pid').write_text(str(os.getpid()))\n"
+        "(d / 'pid.part').write_text(str(os.getpid()))\n"
+        "(d / 'pid.part').rename(d / 'pid')\n"
         "while not (d / 'go').exists(): time.sleep(0.02)\n"
         "sys.exit(1)\n"
     )
