@@ -117,14 +117,13 @@ def _no_logging_leaks():
     _reset_logging()
 
 
-_LOGGERS = ("", "tensorflow", "trainer")
-_STARTED_WITH = {name: logging.getLogger(name or None).level for name in _LOGGERS}
+_STARTED_WITH = {name: logging.getLogger(name).level for name in ("", "tensorflow", "trainer")}  # "": the root
 _HANDLERS_STARTED_WITH = list(logging.getLogger().handlers)
 
 
 def _reset_logging() -> None:
     for name, level in _STARTED_WITH.items():
-        logging.getLogger(name or None).setLevel(level)
+        logging.getLogger(name).setLevel(level)
     root = logging.getLogger()
     for handler in list(root.handlers):
         if handler not in _HANDLERS_STARTED_WITH and type(handler).__module__ != "_pytest.logging":
