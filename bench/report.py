@@ -239,7 +239,8 @@ def scale_lines(s):
         f"- Streaming after the first epoch: from disk {streamed['streamed from disk']:.2f}x, from S3 "
         f"{streamed['streamed from S3']:.2f}x the in-memory rate (goal ≥ {goals['streamed_rate']}: "
         f"{verdict(min(streamed.values()) >= goals['streamed_rate'])}). The model is light on purpose, so the input "
-        "sets the pace: each streamed example is read, checked and parsed again on the worker's one core, and moto "
+        "sets the pace: each streamed example is read and cut out of its record again on the worker's one core (from "
+        "S3 also checked, in this process's Python), and moto "
         "answers every ranged GET by reading the whole object (`moto/s3/responses.py`, `_handle_range_header` "
         "slices the full body) on the same 2 cores.",
         "- First step: each worker checks the SHA-256 of its shards before training, which reads its share once "

@@ -15,6 +15,7 @@ label as a packed int64 list (`tests/test_framing.py` checks both against Tensor
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import struct
 from collections.abc import Iterator
@@ -93,6 +94,45 @@ def _around(size: int, label: int) -> tuple[bytes, bytes]:
     image_entry = len(entry) + len(key) + len(feature) + len(bytes_list) + len(value) + size
     features = _head(1, image_entry + len(tail))  # Example.features
     return b"".join((features, entry, key, feature, bytes_list, value)), tail
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedLayout:
+    """Where the image and the label are in each record of a file of image Examples that all have one length.
+
+    Every image Example of one image size whose label is 0 to 127 (a one-byte varint) is the same bytes around the
+    image and the label (`_around`), so such a file is records of one length: `head`, the image, `tail`, the label's
+    byte, then `footer_bytes` (the data's CRC when framed). Framed, the head begins with the length and its CRC,
+    which are the same for every record too.
+    """
+
+    head: bytes
+    image_bytes: int
+    tail: bytes
+    footer_bytes: int
+
+    @property
+    def record_bytes(self) -> int:
+        """The length of every record."""
+        return len(self.head) + self.image_bytes + len(self.tail) + 1 + self.footer_bytes
+
+    @property
+    def label_offset(self) -> int:
+        """Where the label's byte is in a record."""
+        return len(self.head) + self.image_bytes + len(self.tail)
+
+
+def fixed_layout(image_bytes: int, framed: bool) -> FixedLayout:
+    """The layout of image Examples of `image_bytes` with a label of 0 to 127: framed records, or their data alone.
+
+    The shortest an image Example of that size can be: a file of `n` of them that is `n * record_bytes` long holds
+    only such records (any other label is a longer varint).
+    """
+    head, tail = _around(image_bytes, 0)
+    if framed:
+        length = _LENGTH.pack(len(head) + image_bytes + len(tail))
+        head = length + _CRC.pack(masked_crc(length)) + head
+    return FixedLayout(head, image_bytes, tail[:-1], FOOTER_BYTES if framed else 0)
 
 
 class Readable(Protocol):

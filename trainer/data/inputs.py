@@ -189,7 +189,7 @@ def train_dataset(
     import tensorflow as tf
 
     reader = _reader(data_dir, meta, reader)
-    records = reader.share("train", workers, rank)
+    records = reader.share("train", workers, rank, threads)
     choice, where = cache_choice(data_dir, meta, "train", workers, rank, where, reader)
     records = _kept(records, choice, where, "train", workers, rank)
     # tf.data keeps a cache only once an iterator has read it to the end, and an epoch shorter than this worker's

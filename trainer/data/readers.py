@@ -27,8 +27,11 @@ class Reader(Protocol):
     def stored(self, split: str) -> Any:
         """A whole split as stored, unbatched, in order."""
 
-    def share(self, split: str, workers: int, rank: int) -> Any:
-        """This worker's share of `split` as stored (every worker's shares together are the split, once)."""
+    def share(self, split: str, workers: int, rank: int, threads: int = 0) -> Any:
+        """This worker's share of `split` as stored (every worker's shares together are the split, once).
+
+        `threads`: the size of the input pipeline's thread pool (0: tf.data's default, every core).
+        """
 
     def fed(self, ds: Any, parallel: Any = None) -> Any:
         """`ds` (stored pairs, batched or not) as training feeds it; `parallel`: `num_parallel_calls` of the map."""
@@ -72,31 +75,37 @@ class ImageShards:
         only = range(rank, count, workers) if by_file(list(range(count)), workers) else None
         verify_split(self.data_dir, self.meta, split, only)
 
-    def _records(self, names: list[str], interleaved: bool) -> Any:
-        """The serialized records of `names`: file after file, or round-robin over them."""
-        from trainer.data.tfrecords import records_of
-
-        return records_of(self.place, names, interleaved)
-
-    def _files(self, split: str) -> list[str]:
-        return [s.file for s in self.meta.split(split, self.data_dir).shards]
+    def _shards(self, split: str) -> list[Any]:
+        return list(self.meta.split(split, self.data_dir).shards)
 
     def stored(self, split: str) -> Any:
         """`(uint8 image, int64 label)` pairs, shard after shard."""
-        from trainer.data.tfrecords import decoded
+        from trainer.data.tfrecords import pairs_of
 
-        return decoded(self._records(self._files(split), interleaved=False), self.meta.image_shape)
+        return pairs_of(self.place, self._shards(split), self.meta.image_shape, interleaved=False)
 
-    def share(self, split: str, workers: int, rank: int) -> Any:
-        """Whole files when they divide evenly among the workers, else every N-th record, decoded in order."""
+    def share(self, split: str, workers: int, rank: int, threads: int = 0) -> Any:
+        """Whole files when they divide evenly among the workers, else every N-th record, decoded in order.
+
+        With one thread for the input pipeline, files on a path are read in it (one record of each in turn): threads
+        reading beside it would only take turns with it on that one CPU. Elsewhere, or with more threads, the files
+        open at once are read in threads of their own.
+        """
         import tensorflow as tf
 
-        from trainer.data.tfrecords import decoded
+        from trainer.data.tfrecords import pairs_of
 
-        files = self._files(split)
-        whole = by_file(files, workers)
-        records = self._records(files[rank::workers] if whole else files, interleaved=True)
-        records = decoded(records, self.meta.image_shape, tf.data.AUTOTUNE)
+        shards = self._shards(split)
+        whole = by_file(shards, workers)
+        aside = threads != 1 or bool(self.place.scheme)
+        records = pairs_of(
+            self.place,
+            shards[rank::workers] if whole else shards,
+            self.meta.image_shape,
+            interleaved=True,
+            parallel=tf.data.AUTOTUNE,
+            reads_aside=aside,
+        )
         if workers > 1 and not whole:
             records = records.shard(workers, rank)
         return records
@@ -125,7 +134,7 @@ class SavedSplits:
 
         return load_split(self.data_dir, self.meta, split)
 
-    def share(self, split: str, workers: int, rank: int) -> Any:
+    def share(self, split: str, workers: int, rank: int, threads: int = 0) -> Any:
         """Every N-th pair."""
         records = self.stored(split)
         return records.shard(workers, rank) if workers > 1 else records
