@@ -101,16 +101,20 @@ def generate(place, train: int, workers: int = 2):
 class Sampler:
     """Samples the process tree under `root` every 0.2 s, per worker (a child of the launcher).
 
-    Its processes' summed RSS (the peak is kept), `rchar` per process (the last value seen), and the size of `tmp`
-    (the peak).
+    Its processes' summed RSS and `rchar` (the peaks: a process that reaps a child adds the child's `rchar` to its
+    own, so a sum over the processes alive at one moment counts every byte once), and the size of `tmp` (the peak).
+    A worker's rank is its place among the launcher's first `workers` children by process id, fixed
+    when they are first seen: once one has ended, the others keep theirs.
     """
 
-    def __init__(self, root: int, tmp: Path) -> None:
-        self.root, self.tmp = root, tmp
+    def __init__(self, root: int, tmp: Path, workers: int) -> None:
+        self.root, self.tmp, self.workers = root, tmp, workers
+        self.ranks: dict[int, int] = {}
         self.peak_rss: dict[int, int] = {}
         self.peak_anon: dict[int, int] = {}
-        self.rchar: dict[int, dict[int, int]] = {}
+        self.rchar: dict[int, int] = {}
         self.peak_disk = 0
+        self.samples = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -125,22 +129,27 @@ class Sampler:
                         parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
                     except (OSError, ValueError, IndexError):
                         continue
-            workers = sorted(pid for pid, parent in parents.items() if parent == self.root)
-            for rank, worker in enumerate(workers):
+            children = sorted(pid for pid, parent in parents.items() if parent == self.root)
+            if not self.ranks and len(children) >= self.workers:
+                self.ranks = {pid: rank for rank, pid in enumerate(children[: self.workers])}
+            for worker, rank in self.ranks.items():
+                if worker not in parents:
+                    continue
                 tree, frontier = {worker}, [worker]
                 while frontier:
                     children = [pid for pid, parent in parents.items() if parent in frontier]
                     tree.update(children)
                     frontier = children
-                rss = anon = 0
+                rss = anon = read = 0
                 for pid in tree:
                     resident = _resident(pid)
                     rss, anon = rss + resident.get("VmRSS", 0), anon + resident.get("RssAnon", 0)
-                    if (read := _rchar(pid)) is not None:
-                        self.rchar.setdefault(rank, {})[pid] = read
+                    read += _rchar(pid) or 0
+                self.rchar[rank] = max(self.rchar.get(rank, 0), read)
                 self.peak_rss[rank] = max(self.peak_rss.get(rank, 0), rss)
                 self.peak_anon[rank] = max(self.peak_anon.get(rank, 0), anon)
             self.peak_disk = max(self.peak_disk, _tree_bytes(self.tmp))
+            self.samples += 1
 
     def stop(self) -> None:
         self._stop.set()
@@ -192,7 +201,7 @@ def train(work: Path, name: str, data: Path, env: dict, workers: int = 2, epochs
     proc = subprocess.Popen(
         command, cwd=ROOT, env=bench_env(TMPDIR=str(tmp), **env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
-    sampler = Sampler(proc.pid, tmp)
+    sampler = Sampler(proc.pid, tmp, workers)
     out, _ = proc.communicate(timeout=3600)
     sampler.stop()
     log = out.decode(errors="replace")
@@ -225,7 +234,7 @@ def train(work: Path, name: str, data: Path, env: dict, workers: int = 2, epochs
         found[rank] = {
             "peak_rss_bytes": sampler.peak_rss.get(rank, 0),
             "peak_anonymous_bytes": sampler.peak_anon.get(rank, 0),
-            "rchar_bytes": sum(sampler.rchar.get(rank, {}).values()),
+            "rchar_bytes": sampler.rchar.get(rank, 0),
             "fetched_bytes": int(streamed[-1][0]) if streamed else 0,
             "distinct_bytes": int(streamed[-1][1]) if streamed else 0,
             "first_step_seconds": float(first.group(1)) if first else None,

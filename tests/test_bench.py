@@ -203,3 +203,90 @@ def test_a_ring_of_one_process_is_refused_before_anything_starts():
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == ["error: --workers 1 is not allowed for collective; allowed: 2 to 64"]
+
+
+_CHILD = """
+import pathlib, sys
+here = pathlib.Path(sys.argv[1])
+with open(here / "data", "rb") as f:
+    while f.read(1 << 20):
+        pass
+(here / "read").touch()
+sys.stdin.read()
+"""
+
+_WORKER = """
+import pathlib, subprocess, sys
+here = pathlib.Path(sys.argv[2])
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], str(here)], stdin=subprocess.PIPE)
+sys.stdin.readline()
+child.communicate(b"")
+(here / "reaped").touch()
+sys.stdin.readline()
+"""
+
+# The launcher: one line from the test for each step: worker 0 reaps its child, worker 1 reaps its child, worker 0
+# ends (and is reaped here), worker 1 ends.
+_ROOT = """
+import pathlib, subprocess, sys
+child, worker, dirs = sys.argv[1], sys.argv[2], sys.argv[3:]
+workers = [subprocess.Popen([sys.executable, "-c", worker, child, d], stdin=subprocess.PIPE) for d in dirs]
+for w in workers:
+    sys.stdin.readline()
+    w.stdin.write(b"x\\n")
+    w.stdin.flush()
+for w, d in zip(workers, dirs):
+    sys.stdin.readline()
+    w.communicate(b"x\\n")
+    (pathlib.Path(d) / "ended").touch()
+"""
+
+
+def _wait(condition, what, timeout=60):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_the_sampler_counts_what_a_worker_read_once_after_it_reaped_its_child_and_keeps_ranks(tmp_path):
+    """A process that reaps a child adds the child's rchar to its own; a worker ending first leaves the other's rank.
+
+    Two "workers" under one launcher, each with a child that reads a file (40 and 80 MiB): each worker's bytes are
+    counted once, under its own rank, after the children are reaped and after worker 0 has ended.
+    """
+    import subprocess
+    import sys
+
+    from bench.scale import Sampler
+
+    sizes = [40 << 20, 80 << 20]
+    dirs = [tmp_path / f"w{i}" for i in range(2)]
+    for d, size in zip(dirs, sizes, strict=True):
+        d.mkdir()
+        (d / "data").write_bytes(b"\0" * size)
+    root = subprocess.Popen([sys.executable, "-c", _ROOT, _CHILD, _WORKER, *map(str, dirs)], stdin=subprocess.PIPE)
+    sampler = Sampler(root.pid, tmp_path / "none", 2)
+
+    def step(done):
+        root.stdin.write(b"\n")
+        root.stdin.flush()
+        _wait(lambda: all(p.exists() for p in done), f"{done} exist")
+        seen = sampler.samples
+        _wait(lambda: sampler.samples >= seen + 2, "two samples after it")
+
+    try:
+        _wait(lambda: all((d / "read").exists() for d in dirs), "both children read their file")
+        _wait(lambda: all(sampler.rchar.get(r, 0) >= sizes[r] for r in (0, 1)), "the sampler saw both reads")
+        step([dirs[0] / "reaped"])
+        step([dirs[1] / "reaped"])
+        step([dirs[0] / "ended"])
+        root.stdin.write(b"\n")
+        root.communicate(timeout=60)
+    finally:
+        sampler.stop()
+        root.kill()
+    for rank, size in enumerate(sizes):
+        assert size <= sampler.rchar[rank] < size + (20 << 20), (rank, sampler.rchar)
