@@ -313,10 +313,10 @@ def pairs_of(
 
     Files of records of one length (`trainer.data.framing.fixed_layout`: every image Example of one size whose label
     is 0 to 127, as this project prepares them; checked by each file's size) are read as fixed-length records and cut
-    (`sliced`), about a third less CPU per example than parsing them as Examples (`decoded`), which reads any other.
-    On a path or `gs://` TensorFlow then reads the records without checking each one's CRC-32C: the shards' SHA-256
-    is checked before training and evaluation (`verify_split`), and a store checks what it sends. From `s3://` every
-    record's CRC-32C is checked as it is read (`trainer.data.streamed`).
+    (`sliced`), for less CPU per example than parsing them as Examples (`decoded`, which reads any other; the figures:
+    docs/data.md). On a path or `gs://` TensorFlow then reads the records without checking each one's CRC-32C: the
+    shards' SHA-256 is checked before training and evaluation (`verify_split`), not again as later epochs read them.
+    From `s3://` every record's CRC-32C is checked as it is read (`trainer.data.streamed`).
 
     Args:
         place: where the shards are.
