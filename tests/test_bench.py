@@ -242,15 +242,6 @@ for w, d in zip(workers, dirs):
 """
 
 
-def _wait(condition, what, timeout=60):
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
 def test_the_sampler_counts_what_a_worker_read_once_after_it_reaped_its_child_and_keeps_ranks(tmp_path):
     """A process that reaps a child adds the child's rchar to its own; a worker ending first leaves the other's rank.
 
@@ -261,6 +252,7 @@ def test_the_sampler_counts_what_a_worker_read_once_after_it_reaped_its_child_an
     import sys
 
     from bench.scale import Sampler
+    from tests.support.processes import wait_for
 
     sizes = [40 << 20, 80 << 20]
     dirs = [tmp_path / f"w{i}" for i in range(2)]
@@ -273,13 +265,13 @@ def test_the_sampler_counts_what_a_worker_read_once_after_it_reaped_its_child_an
     def step(done):
         root.stdin.write(b"\n")
         root.stdin.flush()
-        _wait(lambda: all(p.exists() for p in done), f"{done} exist")
+        wait_for(lambda: all(p.exists() for p in done), f"{done} exist")
         seen = sampler.samples
-        _wait(lambda: sampler.samples >= seen + 2, "two samples after it")
+        wait_for(lambda: sampler.samples >= seen + 2, "two samples after it")
 
     try:
-        _wait(lambda: all((d / "read").exists() for d in dirs), "both children read their file")
-        _wait(lambda: all(sampler.rchar.get(r, 0) >= sizes[r] for r in (0, 1)), "the sampler saw both reads")
+        wait_for(lambda: all((d / "read").exists() for d in dirs), "both children read their file")
+        wait_for(lambda: all(sampler.rchar.get(r, 0) >= sizes[r] for r in (0, 1)), "the sampler saw both reads")
         step([dirs[0] / "reaped"])
         step([dirs[1] / "reaped"])
         step([dirs[0] / "ended"])

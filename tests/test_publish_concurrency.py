@@ -22,7 +22,6 @@ import multiprocessing
 import os
 import signal
 import threading
-import time
 import urllib.parse
 import uuid
 from datetime import datetime, timezone
@@ -32,6 +31,7 @@ from werkzeug import Request, Response
 
 from tests.standins.s3 import BUCKET, FaultyProxy, S3Server
 from tests.standins.serving import serve
+from tests.support.processes import wait_for
 from trainer.config.gate import Gate
 from trainer.core.files import json_bytes
 from trainer.publishing.publish import SPREAD, STALE_CLAIM, latest, publish
@@ -627,13 +627,6 @@ def _publish_until_stopped(model_dir: str, uri: str, second: int) -> None:
     )
 
 
-def _wait_for(condition, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-
-
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_a_publish_stopped_between_promotion_and_latest_json_leaves_no_version_above_it(tmp_path, models, capfd, stop):
     """The step has promoted its version and waits for latest.json's lock, which the test holds; then it is stopped.
@@ -651,7 +644,7 @@ def test_a_publish_stopped_between_promotion_and_latest_json_leaves_no_version_a
         child = context.Process(target=_publish_until_stopped, args=(models["model-1"], view.uri, stopped))
         child.start()
         try:
-            _wait_for(lambda: os.path.isdir(os.path.join(view.uri, str(stopped))), "the promoted version")
+            wait_for(lambda: os.path.isdir(os.path.join(view.uri, str(stopped))), "the promoted version")
             os.kill(child.pid, stop)
             child.join(timeout=60)
         finally:

@@ -17,6 +17,14 @@ from tests.support.paths import ROOT
 UNDISTURBED_EPOCHS = 6
 
 
+def wait_for(condition, what: str, timeout: float = 60) -> None:
+    """Returns once `condition()` is true; fails the test naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
 def child_env(extra: dict | None = None) -> dict[str, str]:
     """This environment for a child that imports the project (PYTHONPATH, unbuffered, no TF_CONFIG), EXTRA added."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="1", PYTHONUNBUFFERED="1")

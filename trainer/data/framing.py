@@ -40,10 +40,15 @@ def masked_crc(data: bytes) -> int:
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
+def _header(length: int) -> bytes:
+    """The bytes before a record's data of `length` bytes: the length and its masked CRC."""
+    packed = _LENGTH.pack(length)
+    return packed + _CRC.pack(masked_crc(packed))
+
+
 def frame(record: bytes) -> bytes:
     """One record as a TFRecord file holds it."""
-    length = _LENGTH.pack(len(record))
-    return b"".join((length, _CRC.pack(masked_crc(length)), record, _CRC.pack(masked_crc(record))))
+    return b"".join((_header(len(record)), record, _CRC.pack(masked_crc(record))))
 
 
 def _varint(value: int) -> bytes:
@@ -130,8 +135,7 @@ def fixed_layout(image_bytes: int, framed: bool) -> FixedLayout:
     """
     head, tail = _around(image_bytes, 0)
     if framed:
-        length = _LENGTH.pack(len(head) + image_bytes + len(tail))
-        head = length + _CRC.pack(masked_crc(length)) + head
+        head = _header(len(head) + image_bytes + len(tail)) + head
     return FixedLayout(head, image_bytes, tail[:-1], FOOTER_BYTES if framed else 0)
 
 

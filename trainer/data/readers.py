@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any, Protocol
 
-from trainer.records.dataset import IMAGES, SAVED, DatasetMetadata
+from trainer.records.dataset import IMAGES, SAVED, DatasetMetadata, Shard
 
 
 class Reader(Protocol):
@@ -75,7 +75,7 @@ class ImageShards:
         only = range(rank, count, workers) if by_file(list(range(count)), workers) else None
         verify_split(self.data_dir, self.meta, split, only)
 
-    def _shards(self, split: str) -> list[Any]:
+    def _shards(self, split: str) -> list[Shard]:
         return list(self.meta.split(split, self.data_dir).shards)
 
     def stored(self, split: str) -> Any:
