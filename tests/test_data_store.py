@@ -78,8 +78,8 @@ def test_each_worker_reads_only_its_own_shards_from_the_store_in_the_order_a_loc
         proxy.answered.clear()
         reader = readers.of(out, meta)
         reader.verify("train", 2, rank)
-        got = list(reader.share("train", 2, rank).as_numpy_iterator())
-        want = list(readers.of(sample_data, local).share("train", 2, rank).as_numpy_iterator())
+        got = list(reader.share("train", 2, rank).stored().as_numpy_iterator())
+        want = list(readers.of(sample_data, local).share("train", 2, rank).stored().as_numpy_iterator())
         assert len(got) == len(want) == 2000
         for (x, y), (wx, wy) in zip(got, want, strict=True):
             np.testing.assert_array_equal(x, wx)
@@ -111,7 +111,7 @@ def test_a_corrupted_or_missing_shard_in_the_store_is_refused_before_training(ke
     with pytest.raises(UsageError, match=rf"dataset shard 's3://{BUCKET}/damaged/{name}' is corrupted"):
         reader.verify("train", 2, 1)
     with pytest.raises(tf.errors.InvalidArgumentError, match=rf"{name}: the data checksum of the record at byte"):
-        list(reader.share("train", 2, 1).as_numpy_iterator())
+        list(reader.share("train", 2, 1).stored().as_numpy_iterator())
     client.delete_object(Bucket=BUCKET, Key=f"damaged/{name}")
     with pytest.raises(UsageError, match=rf"dataset shard 's3://{BUCKET}/damaged/{name}' is missing"):
         reader.verify("train")
@@ -134,7 +134,7 @@ def test_a_ranged_read_that_fails_is_retried_and_one_that_keeps_failing_ends_142
     down = FaultyProxy(s3.url, lambda request: request.method == "GET" and "train-00001" in request.path)
     try:
         reader = readers.of(out, meta.placed(meta.location, flaky.url))
-        assert len(list(reader.share("train", 2, 1).as_numpy_iterator())) == 2000
+        assert len(list(reader.share("train", 2, 1).stored().as_numpy_iterator())) == 2000
         assert failed, "one GET of the shard failed and was retried"
         reader = readers.of(out, meta.placed(meta.location, down.url))
         with pytest.raises(

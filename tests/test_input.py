@@ -138,3 +138,56 @@ def test_a_parameter_server_worker_opens_only_its_own_shard_files(sample_data, t
     assert got == want, "one pass over the share is exactly the examples of this pipeline's own files"
     assert batches[0][0].dtype == np.float32 and batches[0][0].shape == (100, 28, 28, 1)
     assert f"input pipeline {index}'s share of the train split: 1.5 MiB" in caplog.text
+
+
+def _prepared(path, shape, classes, count, shards):
+    """A prepared dataset of random images: every label of `classes` appears (labels past 127: records of several
+    lengths, which are parsed), `shards` training shards."""
+    from trainer.data.tfrecords import write_split
+    from trainer.records.dataset import DatasetMetadata
+
+    rng = np.random.default_rng(11)
+    images = rng.integers(0, 256, (count, *shape), dtype=np.uint8)
+    labels = rng.integers(0, classes, count)
+    labels[:classes] = np.arange(classes)
+    split = write_split(str(path), "train", zip(images, labels, strict=True), shards, shape)
+    test = write_split(str(path), "test", zip(images[:100], labels[:100], strict=True), 1, shape)
+    names = [f"class {n}" for n in range(classes)]
+    DatasetMetadata.of_images("test", shape, names, {"train": split, "test": test}).write(str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("shape", "classes", "shards"),
+    [((28, 28, 1), 10, 4), ((32, 32, 3), 100, 6), ((16, 16, 3), 1000, 4)],
+    ids=["grey-10", "cifar-100", "labels-past-127"],
+)
+@pytest.mark.parametrize(("workers", "rank", "steps"), [(1, 0, 24), (2, 1, 5), (3, 2, 3)])
+def test_a_streamed_share_is_batched_as_read_and_gives_the_batches_a_cached_one_gives(
+    tmp_path, shape, classes, shards, workers, rank, steps
+):
+    """A streamed share is shuffled and batched as its records are read, each batch decoded; a cached one is decoded
+    first. The same examples in the same order either way, every epoch (whole files per worker with 4 or 6 shards
+    among 2 workers, every 3rd record among 3)."""
+    from trainer.core.memory import MemoryLimit, Room
+
+    data = _prepared(tmp_path / "data", shape, classes, 1210, shards)
+    meta = load_metadata(data)
+    config = DataConfig(shuffle_buffer=300, seed=5)
+    epochs = 3
+
+    def batches(where):
+        dataset = train_dataset(data, meta, config, 16, steps, workers, rank, 1, threads=1, where=where)
+        return dataset.element_spec, list(dataset.take(epochs * steps).as_numpy_iterator())
+
+    spec, streamed = batches(Room(MemoryLimit(1000, "test"), str(tmp_path), 1000))
+    cached_spec, cached = batches(None)
+    # What a model's step is traced for: a batch of unknown length would trace another, slower step.
+    assert spec == cached_spec and spec[0].shape == (16 * workers, *shape)
+    assert len(streamed) == len(cached) == epochs * steps
+    for (x, y), (want_x, want_y) in zip(streamed, cached, strict=True):
+        assert x.dtype == np.float32 and x.shape == (16 * workers, *shape)
+        np.testing.assert_array_equal(x, want_x)
+        np.testing.assert_array_equal(y, want_y)
+    stream = [image.tobytes() for x, _ in streamed for image in x]
+    assert len(set(stream[: steps * 16])) == steps * 16, "an epoch's examples are distinct, not one repeated"

@@ -7,7 +7,8 @@ A worker keeps its share where `trainer.core.memory.choose_cache` says, one log 
 quarter of the pod's memory limit, else in a tf.data file cache in the local temporary directory when it fits half
 of the free space there, else nowhere (read from the dataset every epoch). The share's size is what the cache would
 hold: for TFRecord shards the decoded images and labels (`image_shape` and the example counts of the metadata), for
-a saved split its files' bytes in proportion to the worker's examples.
+a saved split its files' bytes in proportion to the worker's examples. A kept share is decoded once, as it is
+cached; a streamed one is shuffled and batched as its files are read, and each batch decoded (`readers.Share`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 from trainer.config.contract import DataConfig
 from trainer.core.memory import CacheChoice, Room, choose_cache, room
 from trainer.data import readers
-from trainer.data.readers import Reader
+from trainer.data.readers import Reader, Share
 from trainer.records.dataset import DatasetMetadata
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,20 @@ def _running(pid: int) -> bool:
     return True
 
 
+def _elements(share: Share, streamed: bool) -> Any:
+    """What a share's epochs are shuffled from: the records as read when streamed, else the stored pairs (cached)."""
+    import tensorflow as tf
+
+    return share.read if streamed else share.stored(tf.data.AUTOTUNE)
+
+
+def _decoded(share: Share, batches: Any, streamed: bool) -> Any:
+    """Batches of `_elements` as batches of stored pairs: a streamed share's records decoded a batch at a time."""
+    import tensorflow as tf
+
+    return share.decoded(batches, tf.data.AUTOTUNE) if streamed else batches
+
+
 def _kept(records: Any, choice: CacheChoice, where: Room, split: str, workers: int, rank: int) -> Any:
     """`records` cached where `choice` says (in memory, in a file cache, or not at all)."""
     if choice.where == "memory":
@@ -189,9 +204,10 @@ def train_dataset(
     import tensorflow as tf
 
     reader = _reader(data_dir, meta, reader)
-    records = reader.share("train", workers, rank, threads)
+    share = reader.share("train", workers, rank, threads)
     choice, where = cache_choice(data_dir, meta, "train", workers, rank, where, reader)
-    records = _kept(records, choice, where, "train", workers, rank)
+    streamed = choice.where == "stream"
+    records = _kept(_elements(share, streamed), choice, where, "train", workers, rank)
     # tf.data keeps a cache only once an iterator has read it to the end, and an epoch shorter than this worker's
     # share (--steps-per-epoch) stops mid-way: the cache would be thrown away and every epoch would read and decode
     # the files again. This pass yields nothing and reads the cache to the end, so it is filled once (in batches:
@@ -212,7 +228,8 @@ def train_dataset(
     # "has data" flag across the workers before every step. `fit` ends each epoch after `steps` steps.
     epochs = tf.data.Dataset.counter(start_epoch).flat_map(epoch_block)
     ds = fill.concatenate(epochs).apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
-    ds = reader.fed(ds.batch(batch_size * workers, drop_remainder=True), tf.data.AUTOTUNE)
+    ds = _decoded(share, ds.batch(batch_size * workers, drop_remainder=True), streamed)
+    ds = reader.fed(ds, tf.data.AUTOTUNE)
     return ds.prefetch(tf.data.AUTOTUNE).with_options(_options(deterministic=True, threads=threads))
 
 
@@ -262,12 +279,14 @@ def ps_dataset_creator(data_dir: str, meta: DatasetMetadata, data: DataConfig, b
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         pipelines, index = context.num_input_pipelines, context.input_pipeline_id
-        ds = reader.share("train", pipelines, index)
+        share = reader.share("train", pipelines, index)
         choice = choose_cache(share_bytes(data_dir, meta, "train", pipelines, index, reader), where)
         log.info(choice.describe(f"data cache: input pipeline {index}'s share of the train split", where.memory))
-        if choice.where == "memory":
+        streamed = choice.where != "memory"
+        ds = _elements(share, streamed)
+        if not streamed:
             ds = ds.cache()
-        ds = reader.fed(ds.shuffle(data.shuffle_buffer, seed=data.seed).repeat())
-        return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+        ds = ds.shuffle(data.shuffle_buffer, seed=data.seed).repeat().batch(batch_size, drop_remainder=True)
+        return reader.fed(_decoded(share, ds, streamed), tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
     return keras.utils.experimental.DatasetCreator(dataset_fn)

@@ -3,13 +3,18 @@
     reader = readers.of(data_dir, meta)   # ImageShards or SavedSplits
     reader.verify("train")                # refuses a missing or corrupted split before training starts
     pairs = reader.fed(reader.stored("test"))
+    share = reader.share("train", workers, rank)
+    cached = share.stored().cache()       # decoded once, kept as stored pairs
+    streamed = share.decoded(share.read.shuffle(4096).batch(256))  # decoded a batch at a time, after shuffling
 
 `trainer.data.inputs` builds every worker's input pipeline on a reader and never asks which format it reads.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from trainer.records.dataset import IMAGES, SAVED, DatasetMetadata, Shard
@@ -27,8 +32,8 @@ class Reader(Protocol):
     def stored(self, split: str) -> Any:
         """A whole split as stored, unbatched, in order."""
 
-    def share(self, split: str, workers: int, rank: int, threads: int = 0) -> Any:
-        """This worker's share of `split` as stored (every worker's shares together are the split, once).
+    def share(self, split: str, workers: int, rank: int, threads: int = 0) -> Share:
+        """This worker's share of `split` (every worker's shares together are the split, once).
 
         `threads`: the size of the input pipeline's thread pool (0: tf.data's default, every core).
         """
@@ -38,6 +43,31 @@ class Reader(Protocol):
 
     def cache_bytes(self, split: str, count: int) -> int:
         """The bytes `count` examples of `split` take in a tf.data cache."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Share:
+    """A worker's share of a split as its files are read, and how a batch of what is read becomes stored pairs.
+
+    A share kept in a cache is decoded once (`stored`); a share read again every epoch is shuffled and batched as
+    read, and each batch decoded (`decoded`): the same pairs in the same order (a shuffle's order depends only on
+    its seed and buffer size), without cutting the records into pairs and batching them again.
+    """
+
+    read: Any
+    decode: Callable[[Any], Any] | None = None  # None: `read` is stored pairs already
+
+    def stored(self, parallel: Any = None) -> Any:
+        """The share as stored pairs, unbatched, in order; `parallel`: `num_parallel_calls` of the decoding."""
+        from trainer.data.tfrecords import batched_map
+
+        return self.read if self.decode is None else batched_map(self.read, self.decode, parallel)
+
+    def decoded(self, batches: Any, parallel: Any = None) -> Any:
+        """Batches of `read`'s elements as batches of stored pairs."""
+        if self.decode is None:
+            return batches
+        return batches.map(self.decode, num_parallel_calls=parallel, deterministic=True)
 
 
 def _as_float(images: Any, labels: Any) -> tuple[Any, Any]:
@@ -84,31 +114,23 @@ class ImageShards:
 
         return pairs_of(self.place, self._shards(split), self.meta.image_shape, interleaved=False)
 
-    def share(self, split: str, workers: int, rank: int, threads: int = 0) -> Any:
-        """Whole files when they divide evenly among the workers, else every N-th record, decoded in order.
+    def share(self, split: str, workers: int, rank: int, threads: int = 0) -> Share:
+        """Whole files when they divide evenly among the workers, else every N-th record, in order.
 
         With one thread for the input pipeline, files on a path are read in it (one record of each in turn): threads
         reading beside it would only take turns with it on that one CPU. Elsewhere, or with more threads, the files
         open at once are read in threads of their own.
         """
-        import tensorflow as tf
-
-        from trainer.data.tfrecords import pairs_of
+        from trainer.data.tfrecords import read_as
 
         shards = self._shards(split)
         whole = by_file(shards, workers)
         aside = threads != 1 or bool(self.place.scheme)
-        records = pairs_of(
-            self.place,
-            shards[rank::workers] if whole else shards,
-            self.meta.image_shape,
-            interleaved=True,
-            parallel=tf.data.AUTOTUNE,
-            reads_aside=aside,
-        )
+        mine = shards[rank::workers] if whole else shards
+        records, decode = read_as(self.place, mine, self.meta.image_shape, interleaved=True, reads_aside=aside)
         if workers > 1 and not whole:
             records = records.shard(workers, rank)
-        return records
+        return Share(records, decode)
 
     def fed(self, ds: Any, parallel: Any = None) -> Any:
         """Images as float32 pixels 0-255."""
@@ -134,10 +156,10 @@ class SavedSplits:
 
         return load_split(self.data_dir, self.meta, split)
 
-    def share(self, split: str, workers: int, rank: int, threads: int = 0) -> Any:
+    def share(self, split: str, workers: int, rank: int, threads: int = 0) -> Share:
         """Every N-th pair."""
         records = self.stored(split)
-        return records.shard(workers, rank) if workers > 1 else records
+        return Share(records.shard(workers, rank) if workers > 1 else records)
 
     def fed(self, ds: Any, parallel: Any = None) -> Any:
         """`ds` as it is."""

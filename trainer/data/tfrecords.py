@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -31,7 +31,7 @@ CHUNK_BYTES = 1 << 17
 # A shard's records are joined and written this many bytes at a time: a larger buffer, allocated and freed for every
 # write, is mapped and unmapped by malloc each time (page faults: a fifth of a writing process's CPU with 1 MiB).
 WRITE_BYTES = 1 << 16
-# Records parsed at once by `decoded` (a vectorized parse; the order is kept).
+# Records decoded at once by `batched_map` (a vectorized parse or cut; the order is kept).
 DECODE_BATCH = 128
 
 
@@ -243,11 +243,11 @@ def decode_fn(image_shape: tuple[int, int, int]):
     return decode
 
 
-def decoded(records: Any, image_shape: tuple[int, int, int], parallel: Any = None) -> Any:
-    """`records` (serialized Examples) as `(uint8 image, int64 label)` pairs, in order, parsed `DECODE_BATCH` at a time.
+def parser(image_shape: tuple[int, int, int]) -> Callable[[Any], tuple[Any, Any]]:
+    """A map function from a batch of serialized Examples to `(uint8 images, int64 labels)`: one vectorized parse.
 
-    What `records.map(decode_fn(image_shape))` gives, for less: one vectorized parse per batch costs about two thirds
-    of a parse per record (96x96x3 images: 40 against 61 µs a record on one core, read, shuffled and batched).
+    A parse per batch costs about two thirds of a parse per record (96x96x3 images: 40 against 61 µs a record on
+    one core, read, shuffled and batched).
     """
     import tensorflow as tf
 
@@ -256,22 +256,25 @@ def decoded(records: Any, image_shape: tuple[int, int, int], parallel: Any = Non
     def decode(serialized):
         parsed = tf.io.parse_example(serialized, features)
         images = tf.reshape(tf.io.decode_raw(parsed["image"], tf.uint8), (-1, *image_shape))
-        return images, parsed["label"]
+        return _as_many(images, serialized), parsed["label"]
 
-    return _batched_map(records, decode, parallel)
-
-
-def _batched_map(records: Any, decode: Any, parallel: Any) -> Any:
-    """`decode` of `records` `DECODE_BATCH` at a time, in order, unbatched."""
-    batches = records.batch(DECODE_BATCH)
-    batches = batches.map(decode, num_parallel_calls=parallel, deterministic=True) if parallel else batches.map(decode)
-    return batches.unbatch()
+    return decode
 
 
-def sliced(records: Any, layout: FixedLayout, image_shape: tuple[int, int, int], what: str, parallel: Any = None):
-    """`records` of one length (`layout`) as `(uint8 image, int64 label)` pairs: the image and label cut out of each.
+def _as_many(images: Any, batch: Any) -> Any:
+    """`images` with the static length of `batch`.
 
-    What `decoded` gives for such records, without parsing them: each record's bytes around the image and the label
+    A training batch's length is fixed (`drop_remainder`), and a model's distributed step is traced for it: one of
+    unknown length traces another step (slower here, with other float results).
+    """
+    images.set_shape(batch.shape[:1].concatenate(images.shape[1:]))
+    return images
+
+
+def cutter(layout: FixedLayout, image_shape: tuple[int, int, int], what: str) -> Callable[[Any], tuple[Any, Any]]:
+    """A map function from a batch of records of one length (`layout`) to `(uint8 images, int64 labels)`, cut out.
+
+    What `parser` gives for such records, without parsing them: each record's bytes around the image and the label
     are compared with the layout's (InvalidArgumentError naming `what` when one differs).
     """
     import tensorflow as tf
@@ -291,14 +294,64 @@ def sliced(records: Any, layout: FixedLayout, image_shape: tuple[int, int, int],
         with tf.control_dependencies(checks):
             images = tf.reshape(raw[:, start:end], (-1, *image_shape))
             labels = tf.cast(raw[:, label], tf.int64)
-        return images, labels
+        return _as_many(images, batch), labels
 
-    return _batched_map(records, decode, parallel)
+    return decode
+
+
+def batched_map(records: Any, decode: Callable[[Any], Any], parallel: Any = None) -> Any:
+    """`decode` (a map function on batches) of `records` `DECODE_BATCH` at a time, in order, unbatched."""
+    batches = records.batch(DECODE_BATCH)
+    batches = batches.map(decode, num_parallel_calls=parallel, deterministic=True) if parallel else batches.map(decode)
+    return batches.unbatch()
+
+
+def decoded(records: Any, image_shape: tuple[int, int, int], parallel: Any = None) -> Any:
+    """`records` (serialized Examples) as `(uint8 image, int64 label)` pairs, in order, parsed a batch at a time."""
+    return batched_map(records, parser(image_shape), parallel)
 
 
 def fixed_length(place: Place, shards: Iterable[Shard], layout: FixedLayout) -> bool:
     """Whether every file of `shards` at `place` is its examples' framed records of `layout`'s length (by its size)."""
     return all(place.size(s.file) == s.num_examples * layout.record_bytes for s in shards)
+
+
+def read_as(
+    place: Place,
+    shards: list[Shard],
+    image_shape: tuple[int, int, int],
+    interleaved: bool,
+    reads_aside: bool = True,
+) -> tuple[Any, Callable[[Any], tuple[Any, Any]]]:
+    """The records of `shards` at `place` as they are read, and the map function that decodes a batch of them.
+
+    Files of records of one length (`trainer.data.framing.fixed_layout`: every image Example of one size whose label
+    is 0 to 127, as this project prepares them; checked by each file's size) are read as fixed-length records and cut
+    (`cutter`), for less CPU per example than parsing them as Examples (`parser`, which reads any other; the figures:
+    docs/data.md). On a path or `gs://` TensorFlow then reads the records without checking each one's CRC-32C: the
+    shards' SHA-256 is checked before training and evaluation (`verify_split`), not again as later epochs read them.
+    From `s3://` every record's CRC-32C is checked as it is read (`trainer.data.streamed`).
+
+    Args:
+        place: where the shards are.
+        shards: the files, in order.
+        image_shape: the images' shape.
+        interleaved: round-robin over the files (one record of each in turn), else file after file.
+        reads_aside: read the files open at once in threads of their own (tf.data's parallel interleave), else in
+            the pipeline's thread, one record of each in turn.
+
+    Returns:
+        `(records, decode)`: a dataset of records (strings), and a map function from a batch of them (any number) to
+        `(uint8 images, int64 labels)`.
+    """
+    names = [s.file for s in shards]
+    framed = fixed_layout(math.prod(image_shape), framed=True)
+    if not fixed_length(place, shards, framed):
+        return records_of(place, names, interleaved, reads_aside), parser(image_shape)
+    # What reaches tf.data: the framed records from TensorFlow's own reader, their data alone from fsspec's.
+    layout = framed if place.native else fixed_layout(framed.image_bytes, framed=False)
+    what = place.uri(names[0]) if len(names) == 1 else f"the {len(names)} shards at {place.base}"
+    return records_of(place, names, interleaved, reads_aside, layout), cutter(layout, image_shape, what)
 
 
 def pairs_of(
@@ -309,32 +362,12 @@ def pairs_of(
     parallel: Any = None,
     reads_aside: bool = True,
 ) -> Any:
-    """The `(uint8 image, int64 label)` pairs of `shards` at `place`: file after file, or round-robin over them.
+    """The `(uint8 image, int64 label)` pairs of `shards` at `place` in order (`read_as`), decoded a batch at a time.
 
-    Files of records of one length (`trainer.data.framing.fixed_layout`: every image Example of one size whose label
-    is 0 to 127, as this project prepares them; checked by each file's size) are read as fixed-length records and cut
-    (`sliced`), for less CPU per example than parsing them as Examples (`decoded`, which reads any other; the figures:
-    docs/data.md). On a path or `gs://` TensorFlow then reads the records without checking each one's CRC-32C: the
-    shards' SHA-256 is checked before training and evaluation (`verify_split`), not again as later epochs read them.
-    From `s3://` every record's CRC-32C is checked as it is read (`trainer.data.streamed`).
-
-    Args:
-        place: where the shards are.
-        shards: the files, in order.
-        image_shape: the images' shape.
-        interleaved: round-robin over the files (one record of each in turn), else file after file.
-        parallel: `num_parallel_calls` of the decoding map (None: in the pipeline's thread).
-        reads_aside: read the files open at once in threads of their own (tf.data's parallel interleave), else in
-            the pipeline's thread, one record of each in turn.
+    `parallel`: `num_parallel_calls` of the decoding map (None: in the pipeline's thread).
     """
-    names = [s.file for s in shards]
-    framed = fixed_layout(math.prod(image_shape), framed=True)
-    if not fixed_length(place, shards, framed):
-        return decoded(records_of(place, names, interleaved, reads_aside), image_shape, parallel)
-    # What reaches tf.data: the framed records from TensorFlow's own reader, their data alone from fsspec's.
-    layout = framed if place.native else fixed_layout(framed.image_bytes, framed=False)
-    what = place.uri(names[0]) if len(names) == 1 else f"the {len(names)} shards at {place.base}"
-    return sliced(records_of(place, names, interleaved, reads_aside, layout), layout, image_shape, what, parallel)
+    records, decode = read_as(place, shards, image_shape, interleaved, reads_aside)
+    return batched_map(records, decode, parallel)
 
 
 def records_of(
