@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from trainer.data import framing
 from trainer.data.place import Place
-from trainer.data.tfrecords import decoded, fixed_length, pairs_of, records_of, write_split
+from trainer.data.tfrecords import batched_map, fixed_length, pairs_of, parser, records_of, write_split
 
 
 def _dataset(path, shape, classes, count, shards, seed=7):
@@ -54,7 +54,7 @@ def test_records_of_one_length_are_cut_into_the_examples_in_the_order_they_were_
     np.testing.assert_array_equal(got_labels, labels[file_after_file])
 
     names = [s.file for s in shards]
-    parsed_images, parsed_labels = _read(decoded(records_of(place, names, interleaved=True), shape))
+    parsed_images, parsed_labels = _read(batched_map(records_of(place, names, interleaved=True), parser(shape)))
     np.testing.assert_array_equal(parsed_images, images)
     np.testing.assert_array_equal(parsed_labels, labels)
 

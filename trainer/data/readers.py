@@ -65,9 +65,9 @@ class Share:
 
     def decoded(self, batches: Any, parallel: Any = None) -> Any:
         """Batches of `read`'s elements as batches of stored pairs."""
-        if self.decode is None:
-            return batches
-        return batches.map(self.decode, num_parallel_calls=parallel, deterministic=True)
+        from trainer.data.tfrecords import map_batches
+
+        return batches if self.decode is None else map_batches(batches, self.decode, parallel)
 
 
 def _as_float(images: Any, labels: Any) -> tuple[Any, Any]:

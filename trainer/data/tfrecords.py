@@ -299,16 +299,16 @@ def cutter(layout: FixedLayout, image_shape: tuple[int, int, int], what: str) ->
     return decode
 
 
+def map_batches(batches: Any, decode: Callable[[Any], Any], parallel: Any = None) -> Any:
+    """`decode` of each of `batches`, in order; `parallel`: `num_parallel_calls` (None: in the pipeline's thread)."""
+    if parallel:
+        return batches.map(decode, num_parallel_calls=parallel, deterministic=True)
+    return batches.map(decode)
+
+
 def batched_map(records: Any, decode: Callable[[Any], Any], parallel: Any = None) -> Any:
     """`decode` (a map function on batches) of `records` `DECODE_BATCH` at a time, in order, unbatched."""
-    batches = records.batch(DECODE_BATCH)
-    batches = batches.map(decode, num_parallel_calls=parallel, deterministic=True) if parallel else batches.map(decode)
-    return batches.unbatch()
-
-
-def decoded(records: Any, image_shape: tuple[int, int, int], parallel: Any = None) -> Any:
-    """`records` (serialized Examples) as `(uint8 image, int64 label)` pairs, in order, parsed a batch at a time."""
-    return batched_map(records, parser(image_shape), parallel)
+    return map_batches(records.batch(DECODE_BATCH), decode, parallel).unbatch()
 
 
 def fixed_length(place: Place, shards: Iterable[Shard], layout: FixedLayout) -> bool:
