@@ -36,13 +36,21 @@ def run_alone(doc, name, measure, render=None):
     args = parser.parse_args()
     mode = "quick" if args.quick else "full"
     out = Path(args.out)
-    results = measure(out / "tmp" / f"{name}-{mode}", args.quick)
+    print(record(out, name, mode, measure(out / "tmp" / f"{name}-{mode}", args.quick), render))
+
+
+def record(out, name, mode, results, render=None):
+    """Writes a section's results as out/<name>-<mode>.json (and its page, .md: `render`); returns the page's text.
+
+    `bench/run.py` records its sections with it too, so that every section's page is of the same run as the rest.
+    """
+    out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}-{mode}.json").write_text(json.dumps(results, indent=2) + "\n")
-    text = json.dumps(results, indent=2)
-    if render:
-        text = "\n".join(render(results))
-        (out / f"{name}-{mode}.md").write_text(text)
-    print(text)
+    if not render:
+        return json.dumps(results, indent=2)
+    text = "\n".join(render(results))
+    (out / f"{name}-{mode}.md").write_text(text)
+    return text
 
 
 def pinned_to(cpus):

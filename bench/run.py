@@ -10,7 +10,8 @@ Preparing in parallel (`bench/prepare.py`, which runs alone too) prepares Fashio
 on a generated 2.16 GB dataset (216 MB in the quick run) from memory, streamed from disk and from moto's S3 server.
 Workers past two (`bench/curve.py`, which runs alone too) takes the curve on this machine's cores, TensorFlow's ring
 all-reduce among 2 to 8 processes and the model that predicts the 16-core curve recorded in it.
-Writes bench/results/<mode>.json, bench/results/<mode>.png and bench/results/<mode>.md; the full run also
+Writes bench/results/<mode>.json, bench/results/<mode>.png and bench/results/<mode>.md, and the pages of the three
+sections that also run alone (bench/results/{prepare,scale,curve}-<mode>.{json,md}) from this run; the full run also
 regenerates docs/benchmarks.md. Every ratio in the table comes from this one run on this one machine.
 """
 
@@ -40,13 +41,22 @@ from bench.measure import (  # noqa: E402 - the project's root must be importabl
     matmul_gflops,
     model_train_flops_per_example,
     pipeline_overhead,
+    record,
     steady_cpu_share,
     train_run,
 )
 from bench.measure import (
     run as run_command,
 )
-from bench.report import INDEPENDENT, PINNED_ONE, markdown, plot  # noqa: E402
+from bench.report import (  # noqa: E402
+    INDEPENDENT,
+    PINNED_ONE,
+    curve_lines,
+    markdown,
+    plot,
+    prepare_lines,
+    scale_lines,
+)
 from trainer.core.processes import process_seconds  # noqa: E402
 
 FASHION = "/usr/share/datasets/fashion-mnist"
@@ -158,10 +168,12 @@ def main() -> None:
     from bench.prepare import measure as prepare_in_parallel
 
     results["prepare"] = prepare_in_parallel(work / "prepare", quick=args.quick)
+    record(out, "prepare", mode, results["prepare"], prepare_lines)
     section("preparing in parallel")
     from bench.scale import measure as at_scale
 
     results["scale"] = at_scale(work / "scale", quick=args.quick)
+    record(out, "scale", mode, results["scale"], scale_lines)
     section("data at scale")
     results["ceiling_gflops"] = matmul_gflops()
     model = bench_model(meta.image_shape, meta.num_classes)
@@ -225,6 +237,7 @@ def main() -> None:
     from bench.curve import measure as past_two
 
     results["curve"] = past_two(work / "curve", quick=args.quick, data=data)
+    record(out, "curve", mode, results["curve"], curve_lines)
     section("workers past two")
     if not args.quick:
         results["time_to_accuracy"] = time_to_accuracy(data, work, settings.default("learning_rate"))

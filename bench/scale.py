@@ -8,8 +8,10 @@ frequency in its own colour, with a random phase and contrast and Gaussian noise
 the project's own writers (`trainer.data.writers`), once on local disk and once straight into moto's S3 server (a
 real S3 API on loopback, standing in for KFP's SeaweedFS) as `trainer-prepare --data-uri` writes it.
 
-Three runs of 2 workers (`trainer-launch`, each pinned to a core), the same seed, model (`bench/scale_model.py`, a
-small CNN, so the input decides the pace) and 2 epochs, each a whole pass over the worker's share:
+Three kinds of run of 2 workers (`trainer-launch`, each pinned to a core), the same seed, model
+(`bench/scale_model.py`, a small CNN, so the input decides the pace) and 2 epochs, each a whole pass over the worker's
+share (in memory and streamed from disk `ROUNDS` times, taking turns to go first, their medians compared: one run
+of either varies by a third from the next on this shared machine):
 
 - in memory: the local dataset with the machine's memory; each worker caches its share in memory;
 - streamed from disk: the local dataset, `TRAINER_MEMORY_LIMIT` half a share and `TRAINER_DISK_LIMIT` 1 byte, so
@@ -24,7 +26,11 @@ Per worker, sampled from /proc every 0.2 s: peak RSS of its processes (the super
 pod holds them), bytes read (from S3: what the worker's reader fetched, which `tests/test_data_store.py` checks
 against the bytes on the wire; from disk: `rchar`, every byte its processes read), the largest its temporary
 directory grew to (a file cache would be there), and time to the first step; examples/s in epoch 2; the test accuracy
-of each run's model. Writes bench/results/scale-<mode>.json; `bench/run.py` runs `measure` as its section.
+of each run's model. For the runs from S3, the CPU time moto's server took meanwhile (from /proc: it serves on the
+same cores); and, alone, what a ranged read costs this process (the workers' reader, `trainer.data.streamed`) and
+the server, per GB, at `REQUEST_BYTES` a request: the bytes a request takes are set by how many files a worker has
+open at once (`trainer.data.streamed.read_bytes`). Writes bench/results/scale-<mode>.json; `bench/run.py` runs
+`measure` as its section.
 """
 
 import json
@@ -52,6 +58,9 @@ EPOCHS = 2
 MODEL_FN = "bench.scale_model:small_cnn"
 BUCKET = "models"
 GOALS = {"bytes_share": 0.55, "streamed_rate": 0.9, "accuracy_gap": 0.01}
+ROUNDS = 3
+REQUEST_BYTES = (256 << 10, 1 << 20, 4 << 20)
+REQUEST_FILES = 4
 
 
 def _images(seed: int, first: int, count: int) -> tuple:
@@ -190,8 +199,38 @@ def _tree_bytes(path: Path) -> int:
     return total
 
 
-def train(work: Path, name: str, data: Path, env: dict, workers: int = 2, epochs: int = EPOCHS) -> dict:
-    """One run, sampled: its per-worker figures, examples/s in its last epoch and its model's test accuracy."""
+def cpu_seconds(pid: int) -> float:
+    """The user and system CPU time process `pid` has used so far (its own threads', from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def ranged_reads(place, names: list[str], store: int) -> dict:
+    """CPU seconds per GB of this process and of the store's server, reading `names`'s records at each request size."""
+    from trainer.data.streamed import file_records
+
+    total = sum(place.size(name) for name in names)
+    found = {}
+    for size in REQUEST_BYTES:
+        store_before, before = cpu_seconds(store), time.process_time()
+        for name in names:
+            for _ in file_records(place, name, size):
+                pass
+        found[str(size)] = {
+            "reader_cpu_seconds_per_gb": (time.process_time() - before) / total * 1e9,
+            "store_cpu_seconds_per_gb": (cpu_seconds(store) - store_before) / total * 1e9,
+        }
+    return found
+
+
+def train(
+    work: Path, name: str, data: Path, env: dict, workers: int = 2, epochs: int = EPOCHS, store: int | None = None
+) -> dict:
+    """One run, sampled: its per-worker figures, examples/s in its last epoch and its model's test accuracy.
+
+    `store`: the process id of the object store's server, whose CPU time during the run is counted.
+    """
+    store_before = cpu_seconds(store) if store else 0.0
     model_dir, tmp = work / name, work / f"{name}-tmp"
     tmp.mkdir(parents=True)
     args = ["--data", str(data), "--model-dir", str(model_dir), "--model-fn", MODEL_FN]
@@ -204,6 +243,8 @@ def train(work: Path, name: str, data: Path, env: dict, workers: int = 2, epochs
     sampler = Sampler(proc.pid, tmp, workers)
     out, _ = proc.communicate(timeout=3600)
     sampler.stop()
+    wall = time.time() - started
+    store_cpu = cpu_seconds(store) - store_before if store else None
     log = out.decode(errors="replace")
     (work / f"{name}.log").write_text(log)
     if proc.returncode:
@@ -246,7 +287,8 @@ def train(work: Path, name: str, data: Path, env: dict, workers: int = 2, epochs
         "workers": found,
         "epochs": epochs,
         "peak_disk_bytes": sampler.peak_disk,
-        "wall_seconds": time.time() - started,
+        "wall_seconds": wall,
+        "store_cpu_seconds": store_cpu,
         "examples_per_second": history["epochs"][-1]["examples_per_second"],
         "epoch_seconds": [e["seconds"] for e in history["epochs"]],
         "epoch_losses": [e.get("loss") for e in history["epochs"]],
@@ -258,6 +300,7 @@ def measure(work: Path, quick: bool = False) -> dict:
     """Generates the dataset on disk and in S3, then the three runs; returns the results."""
     from tests.standins.s3 import S3Server
     from trainer.data.place import Place
+    from trainer.data.streamed import read_bytes
 
     mode = "quick" if quick else "full"
     if work.exists():
@@ -271,9 +314,10 @@ def measure(work: Path, quick: bool = False) -> dict:
     dataset_bytes = sum(f.stat().st_size for f in local.glob("train-*.tfrecord"))
     test_bytes = sum(f.stat().st_size for f in local.glob("test-*.tfrecord"))
     server = S3Server(work)
+    before = dict(os.environ)
     try:
         keys = server.publisher.env()
-        os.environ.update(keys)
+        os.environ.update(keys)  # this process's own reads and writes; put back after (`make bench` goes on)
         started = time.perf_counter()
         generate(Place.of(f"s3://{BUCKET}/scale", server.url), train_examples)
         uploaded = time.perf_counter() - started
@@ -283,15 +327,25 @@ def measure(work: Path, quick: bool = False) -> dict:
         share = dataset_bytes // 2
         limits = {"TRAINER_MEMORY_LIMIT": str(share // 2), "TRAINER_DISK_LIMIT": "1"}
         alone = {"TRAINER_MEMORY_LIMIT": str(dataset_bytes // 2), "TRAINER_DISK_LIMIT": "1"}
-        runs = {
-            "in memory": train(work, "memory", local, {}),
-            "streamed from disk": train(work, "disk", local, limits),
-            "streamed from S3": train(work, "s3", artifact, {**limits, **keys}),
-            "1 worker in memory": train(work, "memory-1", local, {}, workers=1, epochs=1),
-            "1 worker streamed from S3": train(work, "s3-1", artifact, {**alone, **keys}, workers=1, epochs=1),
-        }
+        paired = {"in memory": ("memory", {}), "streamed from disk": ("disk", limits)}
+        rounds: dict[str, list[dict]] = {name: [] for name in paired}
+        for n in range(ROUNDS):
+            for name in list(paired) if n % 2 == 0 else reversed(paired):
+                short, env = paired[name]
+                rounds[name].append(train(work, f"{short}-round-{n}", local, env))
+        store = server.proc.pid
+        s3 = Place.of(f"s3://{BUCKET}/scale", server.url)
+        requests = ranged_reads(s3, [shard.file for shard in meta.splits["train"].shards[:REQUEST_FILES]], store)
+        runs = {name: median_run(found) for name, found in rounds.items()}
+        runs["streamed from S3"] = train(work, "s3", artifact, {**limits, **keys}, store=store)
+        runs["1 worker in memory"] = train(work, "memory-1", local, {}, workers=1, epochs=1)
+        runs["1 worker streamed from S3"] = train(
+            work, "s3-1", artifact, {**alone, **keys}, workers=1, epochs=1, store=store
+        )
     finally:
         server.stop()
+        os.environ.clear()
+        os.environ.update(before)
     pairs = {name: runs["1 worker in memory" if name.startswith("1 worker") else "in memory"] for name in runs}
     results = {
         "mode": mode,
@@ -306,17 +360,32 @@ def measure(work: Path, quick: bool = False) -> dict:
             "sha256_equal": meta.splits == json_splits(artifact),
         },
         "simulated_memory_limit_bytes": {"2 workers": share // 2, "1 worker": dataset_bytes // 2},
+        "rounds": ROUNDS,
+        "ranged_reads": {
+            "files": REQUEST_FILES,
+            "file_bytes": (local / meta.splits["train"].shards[0].file).stat().st_size,
+            "example_bytes": dataset_bytes / train_examples,
+            "by_request_bytes": requests,
+            "request_bytes_used": {"2 workers": read_bytes(SHARDS // 2), "1 worker": read_bytes(SHARDS)},
+        },
         "runs": runs,
         "goals": GOALS,
     }
     for name, run in runs.items():
         run["rate_vs_memory"] = run["examples_per_second"] / pairs[name]["examples_per_second"]
         run["accuracy_gap"] = abs(run["accuracy"] - pairs[name]["accuracy"])
-        run["same_losses"] = run["epoch_losses"] == pairs[name]["epoch_losses"]
+        losses = [r["epoch_losses"] for r in rounds.get(name, [run])]
+        run["same_losses"] = all(found == pairs[name]["epoch_losses"] for found in losses)
         for worker in run["workers"].values():
             worker["distinct_share_of_dataset"] = worker["distinct_bytes"] / (dataset_bytes + test_bytes)
     shutil.rmtree(work, ignore_errors=True)
     return results
+
+
+def median_run(found: list[dict]) -> dict:
+    """The run of median examples/s among rounds of one kind, with every round's rate beside it (in order)."""
+    ranked = sorted(found, key=lambda r: r["examples_per_second"])
+    return {**ranked[len(ranked) // 2], "rounds_examples_per_second": [r["examples_per_second"] for r in found]}
 
 
 def json_splits(directory: Path):

@@ -130,6 +130,29 @@ def test_the_data_at_scale_page_is_generated_from_its_recorded_run(bench):
     assert (RESULTS / "scale-full.md").read_text() == "\n".join(bench.scale_lines(recorded))
 
 
+def test_paired_runs_at_scale_are_reported_by_their_median_run_with_every_round_in_order():
+    from bench.scale import median_run
+
+    found = [{"examples_per_second": rate, "round": n} for n, rate in enumerate([9_800.0, 11_400.0, 10_100.0])]
+    median = median_run(found)
+    assert median["round"] == 2 and median["examples_per_second"] == 10_100.0
+    assert median["rounds_examples_per_second"] == [9_800.0, 11_400.0, 10_100.0]
+
+
+def test_the_recorded_run_at_scale_paired_its_rounds_and_measured_the_store_beside_it():
+    scale = json.loads((RESULTS / "scale-full.json").read_text())
+    runs = scale["runs"]
+    for name in ("in memory", "streamed from disk"):
+        rates = runs[name]["rounds_examples_per_second"]
+        assert (
+            len(rates) == scale["rounds"] >= 3 and runs[name]["examples_per_second"] == sorted(rates)[len(rates) // 2]
+        ), name
+    for name in ("streamed from S3", "1 worker streamed from S3"):
+        assert 0 < runs[name]["store_cpu_seconds"] < 2 * runs[name]["wall_seconds"], name
+    reads = scale["ranged_reads"]["by_request_bytes"]
+    assert len(reads) == 3 and all(r["reader_cpu_seconds_per_gb"] > 0 for r in reads.values())
+
+
 def test_the_recorded_run_at_scale_read_half_each_stayed_in_its_memory_and_trained_the_same():
     scale = json.loads((RESULTS / "scale-full.json").read_text())
     assert scale["dataset"]["train_bytes"] >= 2e9 and scale["dataset"]["sha256_equal"]
