@@ -252,17 +252,21 @@ def scale_lines(s):
         + ". The model is light on purpose, so the input sets the pace: each streamed example is read and cut out of "
         "its record again on the worker's one core (from S3 also checked, in this process's Python). Moto answers "
         "every ranged GET by reading the whole object (`moto/s3/responses.py`, `_handle_range_header` slices the "
-        f"full body) on the same 2 cores: its server used {s3['store_cpu_seconds']:.0f} s of CPU during the 2-worker "
-        f"run from S3 ({s3['store_cpu_seconds'] / (2 * s3['wall_seconds']):.0%} of the 2 cores over its "
-        f"{s3['wall_seconds']:.0f} s) and {s3_alone['store_cpu_seconds']:.0f} s during the 1-worker one "
-        f"({s3_alone['store_cpu_seconds'] / (2 * s3_alone['wall_seconds']):.0%} over {s3_alone['wall_seconds']:.0f}"
-        " s), CPU the workers of a cluster would not share with their store.",
+        f"full body) on the same 2 cores: its server used {_store_cpu(s3)} during the 2-worker run from S3 and "
+        f"{_store_cpu(s3_alone)} during the 1-worker one, CPU the workers of a cluster would not share with their "
+        "store.",
         _ranged_reads_line(s["ranged_reads"]),
         "- First step: each worker checks the SHA-256 of its shards before training, which reads its share once "
         "more (from S3: the bytes fetched are 3 shares: the check and 2 epochs).",
         "",
     ]
     return lines
+
+
+def _store_cpu(run):
+    """The CPU time the store's server used during `run`, and its share of the 2 cores over the run."""
+    cpu, wall = run["store_cpu_seconds"], run["wall_seconds"]
+    return f"{cpu:.0f} s of CPU ({cpu / (2 * wall):.0%} of the 2 cores over its {wall:.0f} s)"
 
 
 def _ranged_reads_line(r):
