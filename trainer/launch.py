@@ -82,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     return run_cli(lambda: _launch(build_parser().parse_args(own), rest), prefix="launch ")
 
 
+def _given(rest: list[str], flag: str) -> bool:
+    return any(arg == flag or arg.startswith(flag + "=") for arg in rest)
+
+
 def _launch(args: argparse.Namespace, rest: list[str]) -> int:
     if args.max_restarts < 0:
         raise UsageError(f"max restarts {args.max_restarts} is not allowed; allowed: 0 or more")
@@ -95,9 +99,11 @@ def _launch(args: argparse.Namespace, rest: list[str]) -> int:
         gpus = local_processes.gpu_assignments(jobs, args.gpus_per_worker, visible, source)
     if args.ps and "--strategy" not in rest:
         rest = [*rest, "--strategy", "parameter_server"]
+    if not _given(rest, "--cluster-mode"):
+        rest = [*rest, "--cluster-mode", "local"]
     if args.max_restarts:
         rest = [*rest, "--max-restarts", str(args.max_restarts)]
-    if not any(arg == "--run-id" or arg.startswith("--run-id=") for arg in rest):
+    if not _given(rest, "--run-id"):
         run_id = new_run_id()
         log.info("run id %s (pass --run-id %s to resume this run's checkpoints in a later launch)", run_id, run_id)
         rest = [*rest, "--run-id", run_id]

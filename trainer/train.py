@@ -57,6 +57,7 @@ SETTINGS = {
     "quality gate (checked against the model's metrics before the first epoch)": ("gate",),
     "cluster and timeouts": (
         "strategy",
+        "cluster_mode",
         "startup_timeout",
         "collective_timeout",
         "max_restarts",

@@ -168,7 +168,9 @@ class ClusterConfig(Checked):
     num_ps: int = setting(1, "parameter servers (parameter_server strategy only)", check=int_between(1, MAX_WORKERS))
     cluster_mode: str = setting(
         "kubernetes",
-        "'kubernetes': one headless Service per worker, found by DNS; 'local': free loopback ports (kfp.local runs)",
+        "'kubernetes': one headless Service per worker, found by DNS, and a parameter-server run's status on its "
+        "ConfigMap; 'local': free loopback ports and that status in a file beside the model directory (kfp.local "
+        "runs, trainer-launch)",
         check=one_of(*CLUSTER_MODES),
     )
     port: int = setting(

@@ -37,7 +37,10 @@ log = logging.getLogger(__name__)
 
 
 def check_topology(tf_config: dict[str, Any] | None, config: TrainConfig | None = None) -> None:
-    """Refuses a TF_CONFIG without one chief, parameter servers and workers, and settings this strategy ignores."""
+    """Refuses a cluster this strategy cannot run: jobs, settings it ignores, a status no task reaches.
+
+    The status is checked once the run has its id (`trainer.train.run` refuses a task of a cluster without one).
+    """
     if config is not None and config.optim.validate:
         raise UsageError(
             "validate true is not allowed with the parameter_server strategy: its chief only coordinates steps and "
@@ -57,6 +60,27 @@ def check_topology(tf_config: dict[str, Any] | None, config: TrainConfig | None 
         raise UsageError(
             "parameter_server strategy needs a TF_CONFIG with one chief, at least one ps and at least one worker; "
             f"got jobs {sorted(tf_config['cluster']) if tf_config else 'none (no TF_CONFIG)'}"
+        )
+    if config is not None and config.runtime.run_id:
+        check_status_reachable(config)
+
+
+def check_status_reachable(config: TrainConfig) -> None:
+    """Refuses a run whose default status location is the run's ConfigMap when this process is not in a pod.
+
+    With `status_uri` empty, `cluster_mode` kubernetes puts the status on a ConfigMap of the pod's namespace; outside
+    a pod (no POD_NAMESPACE, no service-account namespace file) no task could read or write it.
+    """
+    from trainer.cluster.status import CONFIGMAP
+    from trainer.k8s import objects
+
+    uri = status_uri(config)
+    if not config.runtime.status_uri and uri.startswith(CONFIGMAP) and objects.namespace_if_pod() is None:
+        raise UsageError(
+            f"cluster_mode 'kubernetes' keeps the parameter-server status on ConfigMap {uri[len(CONFIGMAP) :]!r} of "
+            "the pod's namespace, but this is not a pod (POD_NAMESPACE is not set); allowed: --cluster-mode local "
+            "(tasks on this machine: a file beside the model directory), --status-uri with a path, s3:// or gs:// "
+            "location every task reads, or POD_NAMESPACE set with a KUBECONFIG"
         )
 
 
